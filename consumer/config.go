@@ -1,0 +1,173 @@
+package consumer
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/effectively-once/effectively/dedupe"
+)
+
+// MismatchPolicy says what to do with a message whose key was already
+// processed with another payload fingerprint.
+type MismatchPolicy uint8
+
+const (
+	// MismatchDuplicate counts and logs the mismatch and treats the message as
+	// a duplicate: nothing runs, it is acknowledged.
+	MismatchDuplicate MismatchPolicy = iota
+	// MismatchPark parks the message for a person to look at.
+	MismatchPark
+)
+
+// Config configures a Consumer. The zero value of every field but Name,
+// Strategy and one of Handler or BatchHandler is a usable default.
+type Config struct {
+	// Name identifies the consumer in logs and metrics. Required.
+	Name string
+	// Scope namespaces the dedupe markers. Defaults to Name, so two consumers
+	// with different names each apply a message once.
+	Scope string
+	// Strategy recognises duplicates. Required.
+	Strategy dedupe.Strategy
+	// Handler applies one message. Exactly one of Handler and BatchHandler is required.
+	Handler Handler
+	// BatchHandler applies all new messages of a batch at once.
+	BatchHandler BatchHandler
+	// KeyFunc derives each message's dedupe key. Defaults to DefaultKey
+	// (the source's default ID).
+	KeyFunc KeyFunc
+	// NoFingerprint turns off payload fingerprints, and with them mismatch
+	// detection. Defaults to false: fingerprints are on.
+	NoFingerprint bool
+	// MaxKeyLen is the longest dedupe ID (and sender), in bytes; longer keys
+	// are parked. Defaults to 512.
+	MaxKeyLen int
+
+	// BatchSize is the most messages fetched and committed in one
+	// transaction. Defaults to 100.
+	BatchSize int
+	// Concurrency is how many batches (of different lanes) run at once.
+	// Defaults to 4.
+	Concurrency int
+
+	// MaxAttempts is how many times a failing message is tried before it is
+	// parked. Defaults to 10.
+	MaxAttempts int
+	// RetryBackoff is the delay before the second attempt; it doubles with
+	// each attempt, with jitter. Defaults to 1s.
+	RetryBackoff time.Duration
+	// MaxRetryBackoff caps the delay between attempts. Defaults to 5m.
+	MaxRetryBackoff time.Duration
+	// GapDelay is how long a message that arrived ahead of its sequence (a
+	// gap) waits before it is delivered again. Defaults to 1s.
+	GapDelay time.Duration
+	// GapMaxAttempts is how many deliveries a message may spend waiting for a
+	// gap before it is parked with reason "gap". Defaults to 60.
+	GapMaxAttempts int
+	// OnMismatch says what to do with a key reused for another payload.
+	// Defaults to MismatchDuplicate.
+	OnMismatch MismatchPolicy
+
+	// Schema holds the parked-messages table. Defaults to "effectively".
+	Schema string
+	// ParkedTable is the parked-messages table's name. Defaults to "parked".
+	ParkedTable string
+
+	// ShutdownTimeout bounds how long Run waits, after its context is done,
+	// for in-flight batches to commit or roll back and be settled. Defaults to 30s.
+	ShutdownTimeout time.Duration
+	// Logger receives the consumer's logs. Defaults to discarding them.
+	Logger *slog.Logger
+	// Hooks observe batches and messages, for metrics and tracing.
+	Hooks []Hook
+}
+
+const maxBatchSize = 10000
+
+func (c Config) withDefaults() Config {
+	if c.Scope == "" {
+		c.Scope = c.Name
+	}
+	if c.KeyFunc == nil {
+		c.KeyFunc = DefaultKey
+	}
+	if c.MaxKeyLen == 0 {
+		c.MaxKeyLen = dedupe.DefaultMaxIDLen
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 100
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 4
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 10
+	}
+	if c.RetryBackoff == 0 {
+		c.RetryBackoff = time.Second
+	}
+	if c.MaxRetryBackoff == 0 {
+		c.MaxRetryBackoff = 5 * time.Minute
+	}
+	if c.GapDelay == 0 {
+		c.GapDelay = time.Second
+	}
+	if c.GapMaxAttempts == 0 {
+		c.GapMaxAttempts = 60
+	}
+	if c.Schema == "" {
+		c.Schema = dedupe.DefaultSchema
+	}
+	if c.ParkedTable == "" {
+		c.ParkedTable = "parked"
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case c.Name == "":
+		return bad("Name", "is required")
+	case c.Strategy == nil:
+		return bad("Strategy", "is required")
+	case c.Handler == nil && c.BatchHandler == nil:
+		return bad("Handler", "one of Handler and BatchHandler is required")
+	case c.Handler != nil && c.BatchHandler != nil:
+		return bad("Handler", "set only one of Handler and BatchHandler")
+	case c.MaxKeyLen < 0:
+		return bad("MaxKeyLen", "must not be negative, got %d", c.MaxKeyLen)
+	case c.BatchSize < 0 || c.BatchSize > maxBatchSize:
+		return bad("BatchSize", "must be between 1 and %d, got %d", maxBatchSize, c.BatchSize)
+	case c.Concurrency < 0:
+		return bad("Concurrency", "must be at least 1, got %d", c.Concurrency)
+	case c.MaxAttempts < 0:
+		return bad("MaxAttempts", "must be at least 1, got %d", c.MaxAttempts)
+	case c.GapMaxAttempts < 0:
+		return bad("GapMaxAttempts", "must be at least 1, got %d", c.GapMaxAttempts)
+	case c.RetryBackoff < 0:
+		return bad("RetryBackoff", "must not be negative, got %s", c.RetryBackoff)
+	case c.MaxRetryBackoff < 0:
+		return bad("MaxRetryBackoff", "must not be negative, got %s", c.MaxRetryBackoff)
+	case c.GapDelay < 0:
+		return bad("GapDelay", "must not be negative, got %s", c.GapDelay)
+	case c.ShutdownTimeout < 0:
+		return bad("ShutdownTimeout", "must not be negative, got %s", c.ShutdownTimeout)
+	case c.OnMismatch > MismatchPark:
+		return bad("OnMismatch", "unknown policy %d", c.OnMismatch)
+	}
+	if err := dedupe.Validate(dedupe.Key{Scope: c.Scope}, 0); err != nil {
+		return bad("Scope", "%v", err)
+	}
+	return nil
+}

@@ -1,0 +1,69 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrFenced is returned (wrapped) by a TxSource whose lane now belongs to
+	// another consumer; the batch rolls back and is dropped.
+	ErrFenced = errors.New("consumer: lane fenced by a newer owner")
+	// ErrPermanent is matched by errors made with Permanent.
+	ErrPermanent = errors.New("consumer: permanent failure")
+	// ErrInvalidConfig is matched by every error New returns for a bad Config.
+	ErrInvalidConfig = errors.New("consumer: invalid config")
+)
+
+// Permanent marks err as permanent: the message is parked at once instead of
+// being retried. errors.Is(Permanent(err), err) holds.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err: err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string        { return "permanent: " + e.err.Error() }
+func (e *permanentError) Unwrap() error        { return e.err }
+func (e *permanentError) Is(target error) bool { return target == ErrPermanent }
+
+// IsPermanent reports whether err should park its message without retries.
+// Errors made with Permanent are permanent, and so are payloads that cannot
+// be decoded (*DecodeError) and *PanicError is not: a panic is retried, since
+// the fix may be deployed before the attempts run out.
+func IsPermanent(err error) bool {
+	var de *DecodeError
+	return errors.Is(err, ErrPermanent) || errors.As(err, &de)
+}
+
+// DecodeError reports a payload the handler could not decode. It is permanent.
+type DecodeError struct {
+	Err error
+}
+
+func (e *DecodeError) Error() string { return "decode payload: " + e.Err.Error() }
+func (e *DecodeError) Unwrap() error { return e.Err }
+
+// PanicError is the error a handler's panic turns into.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v", e.Value) }
+
+// ConfigError reports a bad Config value.
+type ConfigError struct {
+	Field  string
+	Reason string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("consumer: invalid config: %s: %s", e.Field, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrInvalidConfig) true.
+func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }

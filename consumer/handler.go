@@ -1,0 +1,75 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/effectively-once/effectively/dedupe"
+	"github.com/jackc/pgx/v5"
+)
+
+// Handler applies one new message's effect inside tx. Returning an error
+// rolls back this message's effect and its dedupe marker (the rest of the
+// batch still commits); the message is then retried, or parked when the
+// error is permanent (see Permanent) or its attempts are used up.
+//
+// A handler must do all its writes through tx and must not commit or roll it
+// back.
+type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
+
+// BatchHandler applies the effects of all new messages of a batch at once, so
+// they can be written in bulk (unnest, COPY, pgx.Batch). If it returns an
+// error, the consumer isolates the failing messages by bisecting the batch
+// under savepoints and commits the rest; only the failing ones are retried
+// or parked. A BatchHandler must therefore give the same result for any
+// subset of msgs.
+type BatchHandler func(ctx context.Context, tx pgx.Tx, msgs []*Message) error
+
+// JSON adapts a handler of decoded payloads. A payload that does not decode
+// into T is a permanent failure (*DecodeError): the message is parked with
+// the decoding error, not retried.
+func JSON[T any](h func(ctx context.Context, tx pgx.Tx, m *Message, v T) error) Handler {
+	return func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		var v T
+		if err := json.Unmarshal(m.Value, &v); err != nil {
+			return &DecodeError{Err: err}
+		}
+		return h(ctx, tx, m, v)
+	}
+}
+
+// KeyFunc derives the dedupe key of a message. A returned error parks the
+// message with that reason. Fields left empty are filled by the consumer:
+// Scope with Config.Scope, and Fingerprint with a hash of the payload unless
+// Config.NoFingerprint is set.
+type KeyFunc func(m *Message) (dedupe.Key, error)
+
+// DefaultKey uses the source's default ID (Message.ID).
+func DefaultKey(m *Message) (dedupe.Key, error) {
+	return dedupe.Key{ID: m.ID}, nil
+}
+
+// JSONField returns a KeyFunc that reads the dedupe ID from a top-level
+// string or number field of a JSON payload, such as "event_id".
+func JSONField(field string) KeyFunc {
+	return func(m *Message) (dedupe.Key, error) {
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(m.Value, &obj); err != nil {
+			return dedupe.Key{}, &DecodeError{Err: err}
+		}
+		raw, ok := obj[field]
+		if !ok {
+			return dedupe.Key{}, fmt.Errorf("payload has no %q field", field)
+		}
+		var s string
+		if err := json.Unmarshal(raw, &s); err == nil {
+			return dedupe.Key{ID: s}, nil
+		}
+		var n json.Number
+		if err := json.Unmarshal(raw, &n); err == nil {
+			return dedupe.Key{ID: n.String()}, nil
+		}
+		return dedupe.Key{}, fmt.Errorf("payload field %q is neither a string nor a number", field)
+	}
+}

@@ -1,0 +1,86 @@
+package consumer
+
+import (
+	"context"
+	"time"
+)
+
+// Outcome is what became of one message in a batch.
+type Outcome uint8
+
+const (
+	// OutcomeApplied: the handler ran and its effect committed with the marker.
+	OutcomeApplied Outcome = iota + 1
+	// OutcomeDuplicate: a marker already existed; nothing ran.
+	OutcomeDuplicate
+	// OutcomeMismatch: a marker existed with another payload fingerprint;
+	// treated as a duplicate unless Config.OnMismatch parks it.
+	OutcomeMismatch
+	// OutcomeParked: the message now sits in the parked table.
+	OutcomeParked
+	// OutcomeRetried: the handler failed (or the sequence had a gap) and the
+	// message was handed back for redelivery.
+	OutcomeRetried
+)
+
+// String returns the outcome's lower-case name.
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeApplied:
+		return "applied"
+	case OutcomeDuplicate:
+		return "duplicate"
+	case OutcomeMismatch:
+		return "mismatch"
+	case OutcomeParked:
+		return "parked"
+	case OutcomeRetried:
+		return "retried"
+	}
+	return "unknown"
+}
+
+// BatchStats describes one finished batch.
+type BatchStats struct {
+	Consumer string
+	Strategy string
+	Lane     string
+	// Size is the number of messages fetched.
+	Size int
+	// Counts of outcomes. Gap counts the retried messages whose sequence
+	// number was ahead of their sender's mark; they are also in Retried.
+	Applied, Duplicate, Mismatch, Parked, Retried, Gap int
+	// Isolated is true when a handler failed and the batch was re-run under
+	// savepoints to isolate the failing messages.
+	Isolated bool
+	// Fenced is true when the source reported that another consumer owns the
+	// lane: the batch was rolled back and dropped.
+	Fenced bool
+	// Err is the error that rolled back the whole batch, if any; its messages
+	// were then handed back for redelivery.
+	Err error
+	// Durations of the phases: claiming keys, running handlers, commit,
+	// acknowledging to the source, and the whole batch.
+	Claim, Handle, Commit, Ack, Total time.Duration
+}
+
+// Hook observes the consumer, for metrics and tracing. Hooks run on the
+// consumer's goroutines and should return quickly.
+type Hook interface {
+	// BatchDone is called after each batch was settled with its source.
+	BatchDone(ctx context.Context, s *BatchStats)
+}
+
+// BatchStartHook is an optional Hook extension called when a batch starts;
+// the context it returns (carrying a trace span, say) is used for the
+// batch's work and passed to BatchDone.
+type BatchStartHook interface {
+	BatchStart(ctx context.Context, consumer, lane string, size int) context.Context
+}
+
+// MessageHook is an optional Hook extension called once per message when
+// its batch is done. err is the handler's or key's error for parked and
+// retried messages.
+type MessageHook interface {
+	MessageDone(ctx context.Context, m *Message, o Outcome, err error)
+}

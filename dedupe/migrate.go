@@ -1,0 +1,180 @@
+package dedupe
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"path"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultSchema is the schema the library's tables live in unless configured otherwise.
+const DefaultSchema = "effectively"
+
+// Line is one sequence of numbered migrations, such as the tables of one
+// strategy. Files in FS are named NNN_description.sql and applied in order of
+// NNN. In their text, {{name}} is replaced by the quoted identifier
+// Idents[name]; "schema" is always available.
+type Line struct {
+	// Name identifies the line in the migrations table, e.g. "idset:processed".
+	Name string
+	// FS holds the .sql files.
+	FS fs.FS
+	// Idents maps placeholder names to raw identifiers, quoted when rendered.
+	Idents map[string]string
+}
+
+// Migration is one rendered migration file.
+type Migration struct {
+	Line    string
+	Version int
+	Name    string
+	SQL     string
+}
+
+var migrationFile = regexp.MustCompile(`^(\d+)_([a-z0-9_]+)\.sql$`)
+var placeholder = regexp.MustCompile(`\{\{([a-z_]+)\}\}`)
+
+// Render returns the line's migrations in order, with identifiers quoted for schema.
+func (l Line) Render(schema string) ([]Migration, error) {
+	entries, err := fs.ReadDir(l.FS, ".")
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: reading migrations of %s: %w", l.Name, err)
+	}
+	idents := map[string]string{"schema": schema}
+	for k, v := range l.Idents {
+		idents[k] = v
+	}
+	var out []Migration
+	for _, e := range entries {
+		m := migrationFile.FindStringSubmatch(e.Name())
+		if m == nil {
+			continue
+		}
+		v, _ := strconv.Atoi(m[1])
+		body, err := fs.ReadFile(l.FS, path.Join(".", e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		var missing string
+		text := placeholder.ReplaceAllStringFunc(string(body), func(s string) string {
+			name := s[2 : len(s)-2]
+			id, ok := idents[name]
+			if !ok {
+				missing = name
+				return s
+			}
+			return pgx.Identifier{id}.Sanitize()
+		})
+		if missing != "" {
+			return nil, fmt.Errorf("dedupe: migration %s/%s uses unknown placeholder {{%s}}", l.Name, e.Name(), missing)
+		}
+		out = append(out, Migration{Line: l.Name, Version: v, Name: m[2], SQL: text})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out, nil
+}
+
+// TxBeginner is what Migrate needs of a database: *pgxpool.Pool, *pgx.Conn
+// and pgx.Tx all have it.
+type TxBeginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Migrate applies the migrations of lines that are not yet applied, in one
+// transaction, holding an advisory lock so that processes starting together
+// do not race. It creates schema and its migrations table when missing.
+// It returns the migrations it applied.
+func Migrate(ctx context.Context, db TxBeginner, schema string, lines ...Line) ([]Migration, error) {
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: migrate: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('effectively.migrate'))`); err != nil {
+		return nil, fmt.Errorf("dedupe: migrate: lock: %w", err)
+	}
+	if _, err := tx.Exec(ctx, preamble(schema)); err != nil {
+		return nil, fmt.Errorf("dedupe: migrate: %w", err)
+	}
+	table := pgx.Identifier{schema, "schema_migrations"}.Sanitize()
+	var applied []Migration
+	for _, l := range lines {
+		ms, err := l.Render(schema)
+		if err != nil {
+			return nil, err
+		}
+		var current int
+		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+table+` WHERE line = $1`, l.Name).Scan(&current); err != nil {
+			return nil, fmt.Errorf("dedupe: migrate: %w", err)
+		}
+		for _, m := range ms {
+			if m.Version <= current {
+				continue
+			}
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return nil, fmt.Errorf("dedupe: migration %s %03d_%s: %w", m.Line, m.Version, m.Name, err)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (line, version, name) VALUES ($1, $2, $3)`, m.Line, m.Version, m.Name); err != nil {
+				return nil, fmt.Errorf("dedupe: migrate: %w", err)
+			}
+			applied = append(applied, m)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("dedupe: migrate: commit: %w", err)
+	}
+	return applied, nil
+}
+
+func preamble(schema string) string {
+	s := pgx.Identifier{schema}.Sanitize()
+	t := pgx.Identifier{schema, "schema_migrations"}.Sanitize()
+	return `CREATE SCHEMA IF NOT EXISTS ` + s + `;
+CREATE TABLE IF NOT EXISTS ` + t + ` (
+    line       text        NOT NULL,
+    version    integer     NOT NULL,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (line, version)
+);`
+}
+
+// MigrationSQL renders every migration of lines as one script a DBA can
+// review and run by hand; it records each version in the migrations table
+// just as Migrate does, so Migrate later skips them.
+func MigrationSQL(schema string, lines ...Line) (string, error) {
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	var b strings.Builder
+	b.WriteString("BEGIN;\n\n")
+	b.WriteString(preamble(schema))
+	b.WriteString("\n")
+	table := pgx.Identifier{schema, "schema_migrations"}.Sanitize()
+	for _, l := range lines {
+		ms, err := l.Render(schema)
+		if err != nil {
+			return "", err
+		}
+		for _, m := range ms {
+			fmt.Fprintf(&b, "\n-- %s %03d_%s\n%s\n", m.Line, m.Version, m.Name, strings.TrimSpace(m.SQL))
+			fmt.Fprintf(&b, "INSERT INTO %s (line, version, name) VALUES (%s, %d, %s) ON CONFLICT DO NOTHING;\n",
+				table, quoteLiteral(m.Line), m.Version, quoteLiteral(m.Name))
+		}
+	}
+	b.WriteString("\nCOMMIT;\n")
+	return b.String(), nil
+}
+
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}

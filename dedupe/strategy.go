@@ -1,0 +1,81 @@
+package dedupe
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Verdict is a strategy's decision about one key.
+type Verdict uint8
+
+const (
+	// VerdictNew means the key was never seen: the strategy wrote its marker
+	// in the transaction, and the message's effect must commit with it.
+	VerdictNew Verdict = iota + 1
+	// VerdictDuplicate means a marker for the key already exists: nothing runs.
+	VerdictDuplicate
+	// VerdictGap means the key's sequence number is ahead of what the sender's
+	// mark allows (a message in between is missing): it is neither applied nor
+	// acknowledged, so the source delivers it again later.
+	VerdictGap
+	// VerdictMismatch means a marker for the key exists with another payload
+	// fingerprint: the producer reused a key for a different message.
+	VerdictMismatch
+)
+
+// String returns the verdict's lower-case name.
+func (v Verdict) String() string {
+	switch v {
+	case VerdictNew:
+		return "new"
+	case VerdictDuplicate:
+		return "duplicate"
+	case VerdictGap:
+		return "gap"
+	case VerdictMismatch:
+		return "mismatch"
+	}
+	return "invalid"
+}
+
+// Strategy decides, inside the caller's transaction, which messages of a batch
+// are new. For each key it calls new it writes a marker in tx, so the marker
+// commits or rolls back together with the message's effect.
+//
+// Claim must use a constant number of statements for the whole batch, must
+// return one verdict per key in order, and must treat a key repeated within
+// keys like a redelivery: the first occurrence decides, later ones are
+// duplicates (or mismatches, if their fingerprints differ). Two transactions
+// claiming the same key concurrently must never both get VerdictNew: the
+// second blocks until the first ends and then sees its outcome.
+//
+// A Strategy is safe for concurrent use by several transactions.
+type Strategy interface {
+	// Name identifies the strategy in logs and metrics ("idset", "highwater", …).
+	Name() string
+	// Claim decides the verdicts for keys and writes the markers of new keys in tx.
+	Claim(ctx context.Context, tx pgx.Tx, keys []Key) ([]Verdict, error)
+}
+
+// Committer is implemented by strategies that keep state in memory (caches,
+// filters). The consumer calls Committed after the transaction that claimed
+// keys committed, with the verdicts that committed; a rolled-back claim is
+// never reported, so in-memory state never runs ahead of the database.
+type Committer interface {
+	Committed(keys []Key, verdicts []Verdict)
+}
+
+// Retainer is implemented by strategies whose markers expire. The consumer
+// compares Retention with its source's redelivery horizon at start-up and
+// warns when a redelivered message could outlive its marker.
+type Retainer interface {
+	Retention() time.Duration
+}
+
+// Migrator is implemented by strategies that own tables; Migrations returns
+// the migration lines that create them, for use with Migrate.
+type Migrator interface {
+	Migrations() []Line
+}
