@@ -1,0 +1,94 @@
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// shared is the cluster the test helpers start on first use.
+var shared struct {
+	once    sync.Once
+	cluster *Cluster
+	err     error
+}
+
+// Main runs the tests and then stops the shared cluster, if one was
+// started, and exits with the tests' exit code. Call it from TestMain:
+//
+//	func TestMain(m *testing.M) { pgtest.Main(m) }
+func Main(m *testing.M) {
+	code := m.Run()
+	shared.once.Do(func() {}) // wait for a start in progress, forbid later ones
+	if shared.cluster != nil {
+		if err := shared.cluster.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}
+	os.Exit(code)
+}
+
+// Server returns the URL of the server's "postgres" database, for tests
+// that manage several databases themselves. It is TEST_DATABASE_URL if that
+// is set, and otherwise the shared cluster's URL.
+func Server(tb testing.TB) string {
+	tb.Helper()
+	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	shared.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		shared.cluster, shared.err = Start(ctx, Options{Fsync: os.Getenv("PGTEST_FSYNC") == "on"})
+	})
+	if shared.err != nil {
+		tb.Fatalf("%v", shared.err)
+	}
+	return shared.cluster.URL()
+}
+
+// URL creates a fresh, empty database for the test and returns its URL.
+// The database is dropped, with any sessions still connected to it, when
+// the test and its subtests have finished.
+func URL(tb testing.TB) string {
+	tb.Helper()
+	server := Server(tb)
+	b := make([]byte, 6)
+	rand.Read(b)
+	name := "t_" + hex.EncodeToString(b)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	url, err := createDatabase(ctx, server, name)
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := dropDatabase(ctx, server, name); err != nil {
+			tb.Errorf("%v", err)
+		}
+	})
+	return url
+}
+
+// NewPool returns a connection pool on a fresh, empty database (see URL).
+// The pool is closed before the database is dropped.
+func NewPool(tb testing.TB) *pgxpool.Pool {
+	tb.Helper()
+	url := URL(tb)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	tb.Cleanup(pool.Close) // runs before the drop registered by URL
+	return pool
+}
