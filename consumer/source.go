@@ -50,8 +50,8 @@ type Source interface {
 // batch transaction, such as Kafka offsets kept in Postgres. BeforeCommit runs
 // inside the transaction after every message of the batch was settled in it;
 // ack lists the messages about to be acknowledged. If it returns an error
-// wrapping ErrFenced, the transaction rolls back and the batch is dropped
-// without being settled: another consumer owns the lane now.
+// wrapping ErrFenced, the transaction rolls back and the batch is settled
+// with nothing acknowledged or retried: another consumer owns the lane now.
 type TxSource interface {
 	Source
 	BeforeCommit(ctx context.Context, tx pgx.Tx, b *Batch, ack []*Message) error

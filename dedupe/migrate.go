@@ -19,7 +19,9 @@ const DefaultSchema = "effectively"
 // Line is one sequence of numbered migrations, such as the tables of one
 // strategy. Files in FS are named NNN_description.sql and applied in order of
 // NNN. In their text, {{name}} is replaced by the quoted identifier
-// Idents[name]; "schema" is always available.
+// Idents[name]. "schema" is always available: it is the schema given to
+// Migrate unless Idents["schema"] names the line's own schema, which Migrate
+// then creates when missing.
 type Line struct {
 	// Name identifies the line in the migrations table, e.g. "idset:processed".
 	Name string
@@ -112,6 +114,11 @@ func Migrate(ctx context.Context, db TxBeginner, schema string, lines ...Line) (
 		if err != nil {
 			return nil, err
 		}
+		if own := l.Idents["schema"]; own != "" && own != schema {
+			if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{own}.Sanitize()); err != nil {
+				return nil, fmt.Errorf("dedupe: migrate: %w", err)
+			}
+		}
 		var current int
 		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+table+` WHERE line = $1`, l.Name).Scan(&current); err != nil {
 			return nil, fmt.Errorf("dedupe: migrate: %w", err)
@@ -164,6 +171,9 @@ func MigrationSQL(schema string, lines ...Line) (string, error) {
 		ms, err := l.Render(schema)
 		if err != nil {
 			return "", err
+		}
+		if own := l.Idents["schema"]; own != "" && own != schema {
+			fmt.Fprintf(&b, "\nCREATE SCHEMA IF NOT EXISTS %s;\n", pgx.Identifier{own}.Sanitize())
 		}
 		for _, m := range ms {
 			fmt.Fprintf(&b, "\n-- %s %03d_%s\n%s\n", m.Line, m.Version, m.Name, strings.TrimSpace(m.SQL))
