@@ -147,13 +147,13 @@ func (c Config) validate() error {
 		return bad("Handler", "set only one of Handler and BatchHandler")
 	case c.MaxKeyLen < 0:
 		return bad("MaxKeyLen", "must not be negative, got %d", c.MaxKeyLen)
-	case c.BatchSize < 0 || c.BatchSize > maxBatchSize:
+	case c.BatchSize < 1 || c.BatchSize > maxBatchSize:
 		return bad("BatchSize", "must be between 1 and %d, got %d", maxBatchSize, c.BatchSize)
-	case c.Concurrency < 0:
+	case c.Concurrency < 1:
 		return bad("Concurrency", "must be at least 1, got %d", c.Concurrency)
-	case c.MaxAttempts < 0:
+	case c.MaxAttempts < 1:
 		return bad("MaxAttempts", "must be at least 1, got %d", c.MaxAttempts)
-	case c.GapMaxAttempts < 0:
+	case c.GapMaxAttempts < 1:
 		return bad("GapMaxAttempts", "must be at least 1, got %d", c.GapMaxAttempts)
 	case c.RetryBackoff < 0:
 		return bad("RetryBackoff", "must not be negative, got %s", c.RetryBackoff)

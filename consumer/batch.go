@@ -1,0 +1,544 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/effectively-once/effectively/dedupe"
+	"github.com/jackc/pgx/v5"
+)
+
+// item is one message's state while its batch is processed.
+type item struct {
+	m      *Message
+	key    dedupe.Key
+	keyErr error // the key is unusable: the message is parked with this error
+
+	verdict   dedupe.Verdict // from the claim that committed
+	outcome   Outcome
+	err       error         // handler error, for retried and parked messages
+	delay     time.Duration // for retried messages
+	reason    string        // for parked messages
+	hasMarker bool          // a marker commits with the parked row
+
+	// failed holds a handler error seen in an earlier, rolled-back attempt
+	// of this batch, together with the decision taken on it.
+	failed     error
+	failedPark bool
+}
+
+func (it *item) attempt() int {
+	if it.m.Attempt < 1 {
+		return 1
+	}
+	return it.m.Attempt
+}
+
+// reset forgets what a rolled-back attempt decided.
+func (it *item) reset() {
+	it.verdict, it.outcome, it.err, it.delay, it.reason, it.hasMarker = 0, 0, nil, 0, "", false
+}
+
+var errHandlerFailed = errors.New("handler failed")
+
+// maxFastAttempts is how many times a batch runs without savepoints before
+// failures are isolated message by message.
+const maxFastAttempts = 2
+
+// process runs one batch through the protocol and settles it with the source.
+func (c *Consumer) process(ctx context.Context, b *Batch) error {
+	start := time.Now()
+	for _, h := range c.startHooks {
+		ctx = h.BatchStart(ctx, c.cfg.Name, b.Lane, len(b.Messages))
+	}
+	st := &BatchStats{Consumer: c.cfg.Name, Strategy: c.cfg.Strategy.Name(), Lane: b.Lane, Size: len(b.Messages)}
+	items := c.deriveKeys(b.Messages)
+
+	err := c.settleInTx(ctx, b, items, st)
+	if err != nil {
+		st.Err = err
+		st.Fenced = errors.Is(err, ErrFenced)
+		for _, it := range items {
+			it.reset()
+		}
+		if st.Fenced {
+			c.log.Info("batch dropped: lane fenced by a newer owner", "lane", b.Lane, "err", err)
+		} else {
+			c.log.Error("batch rolled back; its messages will be delivered again", "lane", b.Lane, "size", len(items), "err", err)
+		}
+		if serr := c.src.Settle(ctx, b, nil, nil); serr != nil {
+			c.log.Error("settle failed", "lane", b.Lane, "err", serr)
+		}
+		st.Total = time.Since(start)
+		c.report(ctx, st, items)
+		if st.Fenced {
+			return nil
+		}
+		return err
+	}
+
+	ack := make([]*Message, 0, len(items))
+	var retry []Retry
+	for _, it := range items {
+		switch it.outcome {
+		case OutcomeRetried:
+			retry = append(retry, Retry{Message: it.m, Delay: it.delay})
+		default:
+			ack = append(ack, it.m)
+		}
+	}
+	t := time.Now()
+	if err := c.src.Settle(ctx, b, ack, retry); err != nil {
+		// The outcome is committed; the source will deliver these messages
+		// again and they will be recognised as duplicates.
+		c.log.Error("acknowledging a committed batch failed; its messages may be delivered again", "lane", b.Lane, "err", err)
+	}
+	st.Ack = time.Since(t)
+	st.Total = time.Since(start)
+	c.report(ctx, st, items)
+	return nil
+}
+
+// deriveKeys runs the KeyFunc and validates each key.
+func (c *Consumer) deriveKeys(msgs []*Message) []*item {
+	items := make([]*item, len(msgs))
+	for i, m := range msgs {
+		it := &item{m: m}
+		items[i] = it
+		k, err := c.keyOf(m)
+		if err == nil {
+			if k.Scope == "" {
+				k.Scope = c.cfg.Scope
+			}
+			if k.Fingerprint == nil && !c.cfg.NoFingerprint {
+				k.Fingerprint = dedupe.Fingerprint(m.Value)
+			}
+			err = dedupe.Validate(k, c.cfg.MaxKeyLen)
+		}
+		if err == nil && k.ID == "" && k.Sender == "" {
+			err = &dedupe.KeyError{Key: k, Reason: "no dedupe key: the message has no ID and no sender"}
+		}
+		it.key, it.keyErr = k, err
+		m.DedupeKey = k
+	}
+	return items
+}
+
+func (c *Consumer) keyOf(m *Message) (k dedupe.Key, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: debug.Stack()}
+		}
+	}()
+	return c.cfg.KeyFunc(m)
+}
+
+// settleInTx decides every message's outcome and commits it. It first runs
+// the whole batch in one transaction without savepoints; when a handler
+// fails it rolls back and runs the batch again without the failed message,
+// and when failures keep coming it isolates them under savepoints.
+func (c *Consumer) settleInTx(ctx context.Context, b *Batch, items []*item, st *BatchStats) error {
+	for attempt := 1; ; attempt++ {
+		for _, it := range items {
+			it.reset()
+		}
+		var err error
+		if attempt <= maxFastAttempts && (c.cfg.Handler != nil || attempt == 1) {
+			err = c.runFast(ctx, b, items, st)
+		} else {
+			st.Isolated = true
+			err = c.runIsolated(ctx, b, items, st)
+		}
+		var ke *dedupe.KeyError
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, errHandlerFailed):
+			continue
+		case errors.As(err, &ke) && markInvalid(items, ke):
+			// The strategy refused a key the consumer could not know it
+			// needs (a sequence strategy given a key without a sender, say):
+			// park that message and run the batch again.
+			continue
+		default:
+			return err
+		}
+	}
+}
+
+// markInvalid parks the messages whose key a strategy refused. It reports
+// false when ke names no key of the batch.
+func markInvalid(items []*item, ke *dedupe.KeyError) bool {
+	found := false
+	for _, it := range items {
+		if it.keyErr == nil && sameKey(it.key, ke.Key) {
+			it.keyErr = ke
+			found = true
+		}
+	}
+	return found
+}
+
+func sameKey(a, b dedupe.Key) bool {
+	return a.Scope == b.Scope && a.ID == b.ID && a.Sender == b.Sender && a.Seq == b.Seq
+}
+
+// runFast is one attempt at the batch in a single transaction: one claim for
+// all keys, every handler, one insert of parked rows, commit. A handler
+// failure rolls everything back and returns errHandlerFailed, with the
+// failure recorded on its item for the next attempt.
+func (c *Consumer) runFast(ctx context.Context, b *Batch, items []*item, st *BatchStats) error {
+	tx, err := c.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	var claimed []*item
+	for _, it := range items {
+		switch {
+		case it.keyErr != nil:
+			it.park(ReasonInvalidKey, it.keyErr, false)
+		case it.failed != nil && !it.failedPark:
+			it.retry(it.failed, c.retryDelay(it))
+		default:
+			claimed = append(claimed, it)
+		}
+	}
+	news, err := c.claim(ctx, tx, claimed, st)
+	if err != nil {
+		return err
+	}
+	t := time.Now()
+	if c.cfg.BatchHandler != nil {
+		if len(news) > 0 {
+			if err := c.callBatch(ctx, tx, news); err != nil {
+				st.Handle += time.Since(t)
+				if len(news) == 1 {
+					c.recordFailure(news[0], err)
+				}
+				return errHandlerFailed
+			}
+		}
+		for _, it := range news {
+			it.outcome = OutcomeApplied
+		}
+	} else {
+		for _, it := range news {
+			if it.failed != nil {
+				// Parked after failing in an earlier attempt: its marker
+				// commits with the parked row; the handler does not run again.
+				c.parkFailed(it)
+				continue
+			}
+			if err := c.call(ctx, tx, it.m); err != nil {
+				st.Handle += time.Since(t)
+				c.recordFailure(it, err)
+				return errHandlerFailed
+			}
+			it.outcome = OutcomeApplied
+		}
+	}
+	st.Handle += time.Since(t)
+	return c.commit(ctx, tx, b, items, st)
+}
+
+// runIsolated settles the batch under savepoints so that each failing
+// message is found and rolled back alone: message by message for a
+// Handler, by bisection for a BatchHandler.
+func (c *Consumer) runIsolated(ctx context.Context, b *Batch, items []*item, st *BatchStats) error {
+	tx, err := c.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	var todo []*item
+	for _, it := range items {
+		switch {
+		case it.keyErr != nil:
+			it.park(ReasonInvalidKey, it.keyErr, false)
+		case it.failed != nil && !it.failedPark:
+			it.retry(it.failed, c.retryDelay(it))
+		default:
+			todo = append(todo, it)
+		}
+	}
+	if c.cfg.BatchHandler != nil {
+		if err := c.bisect(ctx, tx, todo, st); err != nil {
+			return err
+		}
+	} else {
+		for _, it := range todo {
+			if err := c.isolateOne(ctx, tx, it, st); err != nil {
+				return err
+			}
+		}
+	}
+	return c.commit(ctx, tx, b, items, st)
+}
+
+// isolateOne claims and handles one message under a savepoint.
+func (c *Consumer) isolateOne(ctx context.Context, tx pgx.Tx, it *item, st *BatchStats) error {
+	if _, err := tx.Exec(ctx, "SAVEPOINT effectively_msg"); err != nil {
+		return fmt.Errorf("savepoint: %w", err)
+	}
+	news, err := c.claim(ctx, tx, []*item{it}, st)
+	var ke *dedupe.KeyError
+	if errors.As(err, &ke) {
+		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT effectively_msg"); err != nil {
+			return fmt.Errorf("rollback to savepoint: %w", err)
+		}
+		it.reset()
+		it.keyErr = ke
+		it.park(ReasonInvalidKey, ke, false)
+	} else if err != nil {
+		return err
+	}
+	if len(news) == 1 {
+		if it.failed != nil {
+			c.parkFailed(it)
+		} else {
+			t := time.Now()
+			var herr error
+			if c.cfg.BatchHandler != nil {
+				herr = c.callBatch(ctx, tx, []*item{it})
+			} else {
+				herr = c.call(ctx, tx, it.m)
+			}
+			st.Handle += time.Since(t)
+			if herr == nil {
+				it.outcome = OutcomeApplied
+			} else {
+				if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT effectively_msg"); err != nil {
+					return fmt.Errorf("rollback to savepoint: %w", err)
+				}
+				it.reset()
+				c.recordFailure(it, herr)
+				if it.failedPark {
+					// Claim again so the parked row commits with a marker.
+					if news, err := c.claim(ctx, tx, []*item{it}, st); err != nil {
+						return err
+					} else if len(news) == 1 {
+						c.parkFailed(it)
+					}
+				} else {
+					it.retry(herr, c.retryDelay(it))
+				}
+			}
+		}
+	}
+	if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT effectively_msg"); err != nil {
+		return fmt.Errorf("release savepoint: %w", err)
+	}
+	return nil
+}
+
+// bisect claims and handles group under a savepoint; when the batch handler
+// fails it rolls the group back and tries each half, down to single
+// messages, which are then retried or parked.
+func (c *Consumer) bisect(ctx context.Context, tx pgx.Tx, group []*item, st *BatchStats) error {
+	if len(group) == 0 {
+		return nil
+	}
+	if len(group) == 1 {
+		return c.isolateOne(ctx, tx, group[0], st)
+	}
+	if _, err := tx.Exec(ctx, "SAVEPOINT effectively_group"); err != nil {
+		return fmt.Errorf("savepoint: %w", err)
+	}
+	news, err := c.claim(ctx, tx, group, st)
+	var herr error
+	var ke *dedupe.KeyError
+	switch {
+	case errors.As(err, &ke):
+		herr = ke // split until the refused key is alone
+	case err != nil:
+		return err
+	case len(news) > 0:
+		run := news[:0:0]
+		for _, it := range news {
+			if it.failed != nil {
+				c.parkFailed(it) // failed alone before: parked with its marker
+			} else {
+				run = append(run, it)
+			}
+		}
+		news = run
+		if len(run) > 0 {
+			t := time.Now()
+			herr = c.callBatch(ctx, tx, run)
+			st.Handle += time.Since(t)
+		}
+	}
+	if herr == nil {
+		for _, it := range news {
+			it.outcome = OutcomeApplied
+		}
+		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT effectively_group"); err != nil {
+			return fmt.Errorf("release savepoint: %w", err)
+		}
+		return nil
+	}
+	if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT effectively_group; RELEASE SAVEPOINT effectively_group"); err != nil {
+		return fmt.Errorf("rollback to savepoint: %w", err)
+	}
+	for _, it := range group {
+		it.reset()
+	}
+	mid := len(group) / 2
+	if err := c.bisect(ctx, tx, group[:mid], st); err != nil {
+		return err
+	}
+	return c.bisect(ctx, tx, group[mid:], st)
+}
+
+// claim asks the strategy for the verdicts of items, settles every item
+// that is not new, and returns the new ones in order.
+func (c *Consumer) claim(ctx context.Context, tx pgx.Tx, items []*item, st *BatchStats) ([]*item, error) {
+	if len(items) == 0 {
+		return nil, nil
+	}
+	keys := make([]dedupe.Key, len(items))
+	for i, it := range items {
+		keys[i] = it.key
+	}
+	t := time.Now()
+	verdicts, err := c.cfg.Strategy.Claim(ctx, tx, keys)
+	st.Claim += time.Since(t)
+	if err != nil {
+		var ke *dedupe.KeyError
+		if errors.As(err, &ke) {
+			return nil, ke
+		}
+		return nil, fmt.Errorf("claim (%s): %w", c.cfg.Strategy.Name(), err)
+	}
+	if len(verdicts) != len(keys) {
+		return nil, fmt.Errorf("claim (%s): %d verdicts for %d keys", c.cfg.Strategy.Name(), len(verdicts), len(keys))
+	}
+	news := items[:0:0]
+	for i, it := range items {
+		it.verdict = verdicts[i]
+		switch verdicts[i] {
+		case dedupe.VerdictNew:
+			news = append(news, it)
+		case dedupe.VerdictDuplicate:
+			it.outcome = OutcomeDuplicate
+		case dedupe.VerdictMismatch:
+			if c.cfg.OnMismatch == MismatchPark {
+				it.park(ReasonMismatch, fmt.Errorf("key %s was processed before with another payload", it.key), true)
+			} else {
+				it.outcome = OutcomeMismatch
+			}
+		case dedupe.VerdictGap:
+			if it.attempt() >= c.cfg.GapMaxAttempts {
+				it.park(ReasonGap, fmt.Errorf("sequence gap: %s waited %d deliveries for an earlier sequence number", it.key, it.attempt()), false)
+			} else {
+				it.retry(nil, c.cfg.GapDelay)
+			}
+		default:
+			return nil, fmt.Errorf("claim (%s): invalid verdict %d for key %s", c.cfg.Strategy.Name(), verdicts[i], it.key)
+		}
+	}
+	return news, nil
+}
+
+// commit writes the parked rows and the source's state, then commits.
+func (c *Consumer) commit(ctx context.Context, tx pgx.Tx, b *Batch, items []*item, st *BatchStats) error {
+	t := time.Now()
+	var park []parkRow
+	var ack []*Message
+	for _, it := range items {
+		if it.outcome == OutcomeParked {
+			park = append(park, parkRow{it: it, reason: it.reason, err: it.err, hasMarker: it.hasMarker})
+		}
+		if it.outcome != OutcomeRetried {
+			ack = append(ack, it.m)
+		}
+	}
+	if err := c.insertParked(ctx, tx, park); err != nil {
+		return fmt.Errorf("park: %w", err)
+	}
+	if c.txsrc != nil {
+		if err := c.txsrc.BeforeCommit(ctx, tx, b, ack); err != nil {
+			return fmt.Errorf("source: %w", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	st.Commit += time.Since(t)
+	if c.committer != nil {
+		var keys []dedupe.Key
+		var verdicts []dedupe.Verdict
+		for _, it := range items {
+			if it.verdict == 0 || it.verdict == dedupe.VerdictGap || it.outcome == OutcomeRetried {
+				continue
+			}
+			keys = append(keys, it.key)
+			verdicts = append(verdicts, it.verdict)
+		}
+		if len(keys) > 0 {
+			c.committer.Committed(keys, verdicts)
+		}
+	}
+	return nil
+}
+
+// recordFailure decides, once per batch, what a handler failure means for
+// its message: park it (permanent, or out of attempts) or retry it later.
+func (c *Consumer) recordFailure(it *item, err error) {
+	it.failed = err
+	it.failedPark = IsPermanent(err) || it.attempt() >= c.cfg.MaxAttempts
+	var pe *PanicError
+	if errors.As(err, &pe) {
+		c.log.Error("handler panicked", "ref", it.m.Ref, "key", it.key.String(), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
+	}
+}
+
+func (c *Consumer) parkFailed(it *item) {
+	reason := ReasonMaxAttempts
+	if IsPermanent(it.failed) {
+		reason = ReasonPermanent
+	}
+	it.park(reason, it.failed, true)
+}
+
+func (c *Consumer) retryDelay(it *item) time.Duration {
+	return backoff(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, it.attempt())
+}
+
+func (it *item) park(reason string, err error, hasMarker bool) {
+	it.outcome, it.reason, it.err, it.hasMarker = OutcomeParked, reason, err, hasMarker
+}
+
+func (it *item) retry(err error, delay time.Duration) {
+	it.outcome, it.err, it.delay = OutcomeRetried, err, delay
+}
+
+// call runs the Handler, turning a panic into a *PanicError.
+func (c *Consumer) call(ctx context.Context, tx pgx.Tx, m *Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: debug.Stack()}
+		}
+	}()
+	return c.cfg.Handler(ctx, tx, m)
+}
+
+// callBatch runs the BatchHandler, turning a panic into a *PanicError.
+func (c *Consumer) callBatch(ctx context.Context, tx pgx.Tx, items []*item) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: debug.Stack()}
+		}
+	}()
+	msgs := make([]*Message, len(items))
+	for i, it := range items {
+		msgs[i] = it.m
+	}
+	return c.cfg.BatchHandler(ctx, tx, msgs)
+}

@@ -1,0 +1,200 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/effectively-once/effectively/dedupe"
+	"github.com/jackc/pgx/v5"
+)
+
+// DB is what a Consumer needs of PostgreSQL; *pgxpool.Pool has it.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Consumer runs the loop: fetch a batch from a lane, claim its keys and run
+// the handler in one transaction, commit, then acknowledge.
+type Consumer struct {
+	db          DB
+	src         Source
+	txsrc       TxSource
+	cfg         Config
+	log         *slog.Logger
+	committer   dedupe.Committer
+	parkedTable string
+
+	startHooks []BatchStartHook
+	msgHooks   []MessageHook
+
+	running atomic.Bool
+}
+
+// New returns a Consumer reading from src and writing through db. It fills
+// cfg's defaults and returns an error wrapping ErrInvalidConfig for a bad value.
+func New(db DB, src Source, cfg Config) (*Consumer, error) {
+	if db == nil {
+		return nil, &ConfigError{Field: "db", Reason: "is nil"}
+	}
+	if src == nil {
+		return nil, &ConfigError{Field: "src", Reason: "is nil"}
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	c := &Consumer{
+		db:          db,
+		src:         src,
+		cfg:         cfg,
+		log:         cfg.Logger.With("consumer", cfg.Name),
+		parkedTable: pgx.Identifier{cfg.Schema, cfg.ParkedTable}.Sanitize(),
+	}
+	c.txsrc, _ = src.(TxSource)
+	c.committer, _ = cfg.Strategy.(dedupe.Committer)
+	for _, h := range cfg.Hooks {
+		if sh, ok := h.(BatchStartHook); ok {
+			c.startHooks = append(c.startHooks, sh)
+		}
+		if mh, ok := h.(MessageHook); ok {
+			c.msgHooks = append(c.msgHooks, mh)
+		}
+	}
+	return c, nil
+}
+
+// Config returns the consumer's configuration with defaults filled in.
+func (c *Consumer) Config() Config { return c.cfg }
+
+// Migrations returns the migration lines the consumer needs: the parked
+// table and, if the strategy owns tables, the strategy's.
+func (c *Consumer) Migrations() []dedupe.Line {
+	lines := []dedupe.Line{ParkedLine(c.cfg.Schema, c.cfg.ParkedTable)}
+	if m, ok := c.cfg.Strategy.(dedupe.Migrator); ok {
+		lines = append(lines, m.Migrations()...)
+	}
+	return lines
+}
+
+// Migrate applies the migrations of Migrations that are not yet applied.
+func (c *Consumer) Migrate(ctx context.Context) error {
+	applied, err := dedupe.Migrate(ctx, c.db, c.cfg.Schema, c.Migrations()...)
+	for _, m := range applied {
+		c.log.Info("applied migration", "line", m.Line, "version", m.Version, "name", m.Name)
+	}
+	return err
+}
+
+// Run processes messages until ctx is done. It then lets in-flight batches
+// commit or roll back and settles them with the source (waiting at most
+// Config.ShutdownTimeout), and returns nil. It returns an error at once if
+// the consumer's tables are missing.
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("consumer: Run is already running")
+	}
+	defer c.running.Store(false)
+	if err := c.preflight(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it started
+		}
+		return err
+	}
+	// Work outlives ctx by at most ShutdownTimeout, so that a batch in flight
+	// at shutdown still commits and is acknowledged.
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	stopTimer := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(c.cfg.ShutdownTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			c.log.Warn("shutdown timeout: abandoning in-flight batches", "timeout", c.cfg.ShutdownTimeout)
+			cancelWork()
+		case <-work.Done():
+		}
+	})
+	defer stopTimer()
+
+	c.log.Info("consumer starting", "strategy", c.cfg.Strategy.Name(), "batch_size", c.cfg.BatchSize, "concurrency", c.cfg.Concurrency)
+	var wg sync.WaitGroup
+	for i := 0; i < c.cfg.Concurrency; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.worker(ctx, work)
+		}()
+	}
+	wg.Wait()
+	c.log.Info("consumer stopped")
+	return nil
+}
+
+func (c *Consumer) preflight(ctx context.Context) error {
+	tx, err := c.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("consumer: connect: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, c.parkedTable).Scan(&exists); err != nil {
+		return fmt.Errorf("consumer: checking tables: %w", err)
+	}
+	if !exists {
+		return fmt.Errorf("consumer: table %s does not exist: call Migrate first", c.parkedTable)
+	}
+	if r, ok := c.cfg.Strategy.(dedupe.Retainer); ok {
+		if h, ok := c.src.(HorizonSource); ok && r.Retention() > 0 && h.RedeliveryHorizon() > r.Retention() {
+			c.log.Warn("dedupe retention is shorter than the source's redelivery horizon: a message redelivered after its marker expired would be applied again",
+				"retention", r.Retention(), "redelivery_horizon", h.RedeliveryHorizon())
+		}
+	}
+	return nil
+}
+
+// worker fetches and processes batches until ctx is done. work carries on
+// past ctx for the batch in flight.
+func (c *Consumer) worker(ctx, work context.Context) {
+	failures := 0
+	for ctx.Err() == nil {
+		b, err := c.src.Fetch(ctx, c.cfg.BatchSize)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			failures++
+			c.log.Error("fetch failed", "err", err)
+			sleep(ctx, c.errorBackoff(failures))
+			continue
+		}
+		if b == nil || len(b.Messages) == 0 {
+			continue
+		}
+		if err := c.process(work, b); err != nil {
+			failures++
+			sleep(ctx, c.errorBackoff(failures))
+			continue
+		}
+		failures = 0
+	}
+}
+
+// errorBackoff is the pause after consecutive infrastructure failures.
+func (c *Consumer) errorBackoff(failures int) time.Duration {
+	d := backoff(c.cfg.RetryBackoff/4, 30*time.Second, failures)
+	return d
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
