@@ -111,12 +111,12 @@ func (c *Consumer) insertParked(ctx context.Context, tx pgx.Tx, rows []parkRow) 
 	n := len(rows)
 	var (
 		consumers, scopes, sources, lanes, refs, reasons, lastErrs, headers = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		ids, senders                                                       = make([]*string, n), make([]*string, n)
-		seqs                                                               = make([]*int64, n)
-		fps, keys, payloads                                                = make([][]byte, n), make([][]byte, n), make([][]byte, n)
-		markers                                                            = make([]bool, n)
-		attempts                                                           = make([]int32, n)
-		times                                                              = make([]*time.Time, n)
+		ids, senders                                                        = make([]*string, n), make([]*string, n)
+		seqs                                                                = make([]*int64, n)
+		fps, keys, payloads                                                 = make([][]byte, n), make([][]byte, n), make([][]byte, n)
+		markers                                                             = make([]bool, n)
+		attempts                                                            = make([]int32, n)
+		times                                                               = make([]*time.Time, n)
 	)
 	for i, r := range rows {
 		m, k := r.it.m, r.it.key
