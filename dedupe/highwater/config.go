@@ -1,0 +1,134 @@
+package highwater
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/effectively-once/effectively/dedupe"
+)
+
+// Mode says which sequence numbers of a sender are accepted after its mark.
+type Mode uint8
+
+const (
+	// Strict applies a sender's messages exactly once and in order: seq ==
+	// mark+1 is new, seq <= mark is a duplicate, and seq > mark+1 is a gap
+	// (held back until the missing messages arrive). For producers that
+	// number their messages 1, 2, 3, … without holes.
+	Strict Mode = iota
+	// Monotonic accepts any seq above the mark and moves the mark to it;
+	// seq <= mark is a duplicate. For sequences with holes, such as Kafka
+	// offsets or SQS FIFO sequence numbers. It never reports a gap.
+	Monotonic
+)
+
+// String returns the mode's lower-case name.
+func (m Mode) String() string {
+	switch m {
+	case Strict:
+		return "strict"
+	case Monotonic:
+		return "monotonic"
+	}
+	return fmt.Sprintf("Mode(%d)", uint8(m))
+}
+
+// Config configures a Strategy. The zero value is a usable strict-mode
+// configuration.
+type Config struct {
+	// Mode is Strict or Monotonic. Defaults to Strict.
+	Mode Mode
+	// Schema holds the tables. Defaults to "effectively" (dedupe.DefaultSchema).
+	Schema string
+	// Table is the marks table, one row per (scope, sender). Defaults to "marks".
+	Table string
+	// AdvancesTable is the audit table of marks moved by Advance. Defaults to
+	// Table + "_advances".
+	AdvancesTable string
+	// CacheSize bounds the in-memory LRU cache of marks, in senders. A
+	// negative value turns the cache off. Defaults to 100,000.
+	CacheSize int
+	// ReorderWindow is how far ahead of a sender's mark a sequence number may
+	// be and still count as ordinary reordering, in strict mode. A message up
+	// to ReorderWindow past the next expected seq is a gap, held back quietly
+	// until the missing messages arrive. One further ahead is a gap too (it
+	// is still held, never dropped), but it is logged as suspicious and
+	// counted in Stats.FarGaps: the producer may have skipped or reset its
+	// numbering. Defaults to 1,000.
+	ReorderWindow int64
+	// StuckAfter is how long a sender may wait behind a missing seq before
+	// it is logged as stuck. Defaults to 1m.
+	StuckAfter time.Duration
+	// MaxKeyLen is the longest scope and sender, in bytes. Defaults to
+	// dedupe.DefaultMaxIDLen (512).
+	MaxKeyLen int
+	// Logger receives warnings about far gaps and stuck senders. Defaults to
+	// discarding them.
+	Logger *slog.Logger
+}
+
+// DefaultCacheSize is the default bound of the marks cache, in senders.
+const DefaultCacheSize = 100_000
+
+// DefaultReorderWindow is the default Config.ReorderWindow.
+const DefaultReorderWindow = 1000
+
+func (c Config) withDefaults() Config {
+	if c.Schema == "" {
+		c.Schema = dedupe.DefaultSchema
+	}
+	if c.Table == "" {
+		c.Table = "marks"
+	}
+	if c.AdvancesTable == "" {
+		c.AdvancesTable = c.Table + "_advances"
+	}
+	if c.CacheSize == 0 {
+		c.CacheSize = DefaultCacheSize
+	}
+	if c.ReorderWindow == 0 {
+		c.ReorderWindow = DefaultReorderWindow
+	}
+	if c.StuckAfter == 0 {
+		c.StuckAfter = time.Minute
+	}
+	if c.MaxKeyLen == 0 {
+		c.MaxKeyLen = dedupe.DefaultMaxIDLen
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return c
+}
+
+// maxIdentLen is PostgreSQL's NAMEDATALEN-1: longer identifiers are truncated.
+const maxIdentLen = 63
+
+func (c Config) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &dedupe.ConfigError{Field: "highwater." + field, Reason: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case c.Mode > Monotonic:
+		return bad("Mode", "unknown mode %d (use highwater.Strict or highwater.Monotonic)", c.Mode)
+	case c.ReorderWindow < 0:
+		return bad("ReorderWindow", "must not be negative, got %d", c.ReorderWindow)
+	case c.StuckAfter < 0:
+		return bad("StuckAfter", "must not be negative, got %s", c.StuckAfter)
+	case c.MaxKeyLen < 0:
+		return bad("MaxKeyLen", "must not be negative, got %d", c.MaxKeyLen)
+	case c.Table == c.AdvancesTable:
+		return bad("AdvancesTable", "must differ from Table %q", c.Table)
+	}
+	for _, f := range [...]struct{ name, v string }{{"Schema", c.Schema}, {"Table", c.Table}, {"AdvancesTable", c.AdvancesTable}} {
+		if len(f.v) > maxIdentLen {
+			return bad(f.name, "%q is %d bytes long; PostgreSQL identifiers are at most %d", f.v, len(f.v), maxIdentLen)
+		}
+		if err := dedupe.Validate(dedupe.Key{Scope: f.v}, maxIdentLen); err != nil {
+			return bad(f.name, "%q is not a usable identifier", f.v)
+		}
+	}
+	return nil
+}
