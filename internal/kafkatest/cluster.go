@@ -1,0 +1,164 @@
+package kafkatest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	kafka "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+// Settings for kafka-go clients in tests.
+const (
+	// MaxWait is the fetch MaxWait for readers.
+	MaxWait = 100 * time.Millisecond
+	// BatchTimeout is the Writer's BatchTimeout.
+	BatchTimeout = 5 * time.Millisecond
+	// SessionTimeout is a group session timeout every broker accepts.
+	SessionTimeout = 6 * time.Second
+	// HeartbeatInterval makes members notice rebalances quickly.
+	HeartbeatInterval = 200 * time.Millisecond
+)
+
+// Cluster is a Kafka cluster for tests: an in-process kfake cluster, or the
+// cluster named by KAFKA_BROKERS.
+type Cluster struct {
+	brokers []string
+	fake    *kfake.Cluster
+	client  *kafka.Client
+}
+
+// Start starts an in-process single-broker kfake cluster with opts, unless
+// KAFKA_BROKERS is set, in which case it returns that cluster (and ignores
+// opts).
+func Start(opts ...kfake.Opt) (*Cluster, error) {
+	if env := os.Getenv("KAFKA_BROKERS"); env != "" {
+		var brokers []string
+		for _, b := range strings.Split(env, ",") {
+			if b = strings.TrimSpace(b); b != "" {
+				brokers = append(brokers, b)
+			}
+		}
+		return newCluster(brokers, nil), nil
+	}
+	fake, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1)}, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("kafkatest: start kfake: %w", err)
+	}
+	return newCluster(fake.ListenAddrs(), fake), nil
+}
+
+func newCluster(brokers []string, fake *kfake.Cluster) *Cluster {
+	return &Cluster{
+		brokers: brokers,
+		fake:    fake,
+		client:  &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 30 * time.Second, Transport: &kafka.Transport{}},
+	}
+}
+
+// New starts a cluster for a test (see Start) and closes it when the test
+// is done.
+func New(tb testing.TB, opts ...kfake.Opt) *Cluster {
+	tb.Helper()
+	c, err := Start(opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(c.Close)
+	return c
+}
+
+// Brokers returns the cluster's bootstrap addresses.
+func (c *Cluster) Brokers() []string { return c.brokers }
+
+// Fake returns the in-process cluster, or nil when KAFKA_BROKERS is used.
+func (c *Cluster) Fake() *kfake.Cluster { return c.fake }
+
+// Close stops the in-process cluster; it does nothing to a real one.
+func (c *Cluster) Close() {
+	if t, ok := c.client.Transport.(*kafka.Transport); ok {
+		t.CloseIdleConnections()
+	}
+	if c.fake != nil {
+		c.fake.Close()
+	}
+}
+
+// Name returns prefix followed by a random suffix, for topics and groups
+// that must not collide with earlier runs on a real cluster.
+func Name(prefix string) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return prefix + "-" + hex.EncodeToString(b)
+}
+
+// CreateTopic creates topic with the given number of partitions and, if
+// retention is not zero, that retention.ms.
+func (c *Cluster) CreateTopic(ctx context.Context, topic string, partitions int, retention ...time.Duration) error {
+	tc := kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}
+	if len(retention) > 0 && retention[0] != 0 {
+		tc.ConfigEntries = []kafka.ConfigEntry{{ConfigName: "retention.ms", ConfigValue: fmt.Sprint(retention[0].Milliseconds())}}
+	}
+	resp, err := c.client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{tc}})
+	if err != nil {
+		return fmt.Errorf("kafkatest: create topic %s: %w", topic, err)
+	}
+	if err := resp.Errors[topic]; err != nil {
+		return fmt.Errorf("kafkatest: create topic %s: %w", topic, err)
+	}
+	return nil
+}
+
+// ToPartition is a kafka.Balancer that writes each message to the
+// partition named by its Partition field.
+var ToPartition kafka.Balancer = toPartition{}
+
+type toPartition struct{}
+
+func (toPartition) Balance(m kafka.Message, partitions ...int) int { return m.Partition }
+
+// Writer returns a Writer for topic with test settings; messages go to the
+// partition in their Partition field. Close it when done.
+func (c *Cluster) Writer(topic string) *kafka.Writer {
+	return &kafka.Writer{
+		Addr:         kafka.TCP(c.brokers...),
+		Topic:        topic,
+		Balancer:     ToPartition,
+		BatchTimeout: BatchTimeout,
+		BatchSize:    1000,
+		BatchBytes:   16 << 20,
+		RequiredAcks: kafka.RequireAll,
+	}
+}
+
+// Produce writes msgs to topic, each to the partition in its Partition field.
+func (c *Cluster) Produce(ctx context.Context, topic string, msgs ...kafka.Message) error {
+	w := c.Writer(topic)
+	defer w.Close()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		return fmt.Errorf("kafkatest: produce to %s: %w", topic, err)
+	}
+	return nil
+}
+
+// CommittedOffsets returns the offsets group committed to Kafka for topic,
+// by partition; partitions without a commit are missing.
+func (c *Cluster) CommittedOffsets(ctx context.Context, group, topic string) (map[int]int64, error) {
+	offs, err := c.client.ConsumerOffsets(ctx, kafka.TopicAndGroup{Topic: topic, GroupId: group})
+	if err != nil {
+		return nil, fmt.Errorf("kafkatest: committed offsets of %s on %s: %w", group, topic, err)
+	}
+	out := make(map[int]int64, len(offs))
+	for p, o := range offs {
+		if o >= 0 {
+			out[p] = o
+		}
+	}
+	return out, nil
+}

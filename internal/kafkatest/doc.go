@@ -1,0 +1,15 @@
+// Package kafkatest runs an in-process Kafka cluster (franz-go's kfake,
+// which speaks the real Kafka protocol) for tests, benchmarks and runnable
+// examples, and has helpers to create topics, produce records and read a
+// group's committed offsets.
+//
+// When the environment variable KAFKA_BROKERS is set (a comma-separated
+// list of host:port), Start uses that cluster instead, so the same tests run
+// against a real Kafka. Tests should then name their topics and groups with
+// Name, which makes them unique per run.
+//
+// The constants hold the kafka-go settings that keep tests quick: a short
+// fetch MaxWait (kafka-go's 10s default makes closing a reader slow), a short
+// Writer BatchTimeout, and a session timeout that a real broker's default
+// group.min.session.timeout.ms (6s) accepts.
+package kafkatest

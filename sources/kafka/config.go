@@ -1,0 +1,248 @@
+package kafka
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/dedupe"
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+)
+
+// DefaultIDHeader is the header whose value becomes Message.ID unless
+// Config.IDHeader names another one.
+const DefaultIDHeader = "idempotency-key"
+
+// Config configures a Source. Brokers, Group and Topics are required; every
+// other field's zero value is a usable default.
+type Config struct {
+	// Brokers are the bootstrap addresses ("host:port") of the cluster. Required.
+	Brokers []string
+	// Group is the Kafka consumer group. Required.
+	Group string
+	// Topics are the topics the group consumes. Required.
+	Topics []string
+
+	// TLS, when set, makes every connection to the brokers use TLS.
+	TLS *tls.Config
+	// SASL, when set, authenticates every connection (kafka-go's
+	// sasl/plain, sasl/scram or sasl/aws_msk_iam_v2 mechanisms).
+	SASL sasl.Mechanism
+	// ClientID is sent to the brokers. Defaults to "effectively".
+	ClientID string
+	// DialTimeout bounds connecting to a broker. Defaults to 10s.
+	DialTimeout time.Duration
+
+	// StartOffset is where a partition starts when neither Postgres nor
+	// Kafka holds an offset for the group: kafkago.FirstOffset (-2) or
+	// kafkago.LastOffset (-1). Defaults to kafkago.FirstOffset.
+	StartOffset int64
+	// MinBytes is the least data a fetch waits for. Defaults to 1.
+	MinBytes int
+	// MaxBytes is the most data one fetch returns per partition. Defaults to 1 MiB.
+	MaxBytes int
+	// MaxWait is how long a fetch waits for MinBytes. Defaults to 500ms.
+	MaxWait time.Duration
+	// ReadCommitted reads only committed records of transactional
+	// producers. Defaults to false (read uncommitted, kafka-go's default).
+	ReadCommitted bool
+	// PartitionBuffer is how many fetched messages are held per partition
+	// ahead of the consumer. Defaults to 1000.
+	PartitionBuffer int
+
+	// SessionTimeout is how long the coordinator waits for a heartbeat
+	// before it considers a member dead. Defaults to 30s.
+	SessionTimeout time.Duration
+	// HeartbeatInterval is the time between heartbeats; rebalances are
+	// noticed on the next heartbeat. Defaults to the smaller of 3s and a
+	// third of SessionTimeout.
+	HeartbeatInterval time.Duration
+	// RebalanceTimeout is how long the coordinator waits for members to
+	// rejoin during a rebalance. Defaults to 30s.
+	RebalanceTimeout time.Duration
+	// RevokeTimeout is how long in-flight batches of revoked partitions may
+	// still commit when a rebalance starts; after it they are abandoned and
+	// their commit is refused (consumer.ErrFenced). It must be shorter than
+	// RebalanceTimeout. Defaults to the smaller of 10s and half of RebalanceTimeout.
+	RevokeTimeout time.Duration
+	// JoinGroupBackoff is the wait before rejoining the group after an
+	// error. Defaults to 5s.
+	JoinGroupBackoff time.Duration
+
+	// IDHeader names the header whose value is the message's default dedupe
+	// ID (Message.ID). Messages without it, or with an empty value, get
+	// "topic/partition/offset". Defaults to DefaultIDHeader.
+	IDHeader string
+
+	// KafkaOffsetsOnly turns off the offsets table: positions come only from
+	// offsets committed to Kafka after each transaction, there is no
+	// fencing of consumers whose generation ended, and redeliveries are left
+	// to the dedupe strategy. Defaults to false: offsets are kept in Postgres.
+	KafkaOffsetsOnly bool
+	// Schema holds the offsets table. Defaults to "effectively".
+	Schema string
+	// OffsetsTable is the offsets table's name. Defaults to "kafka_offsets".
+	OffsetsTable string
+
+	// Logger receives the source's logs. Defaults to discarding them.
+	Logger *slog.Logger
+}
+
+// ErrInvalidConfig is matched by every error New returns for a bad Config.
+// errors.Is(err, consumer.ErrInvalidConfig) holds for them too.
+var ErrInvalidConfig = errors.New("kafka: invalid config")
+
+// ConfigError reports a bad Config value.
+type ConfigError struct {
+	Field  string
+	Reason string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("kafka: invalid config: %s: %s", e.Field, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrInvalidConfig) and
+// errors.Is(err, consumer.ErrInvalidConfig) true.
+func (e *ConfigError) Is(target error) bool {
+	return target == ErrInvalidConfig || target == consumer.ErrInvalidConfig
+}
+
+const maxIdentLen = 63 // PostgreSQL's NAMEDATALEN - 1
+
+func (c Config) withDefaults() Config {
+	if c.ClientID == "" {
+		c.ClientID = "effectively"
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 10 * time.Second
+	}
+	if c.StartOffset == 0 {
+		c.StartOffset = kafkago.FirstOffset
+	}
+	if c.MinBytes == 0 {
+		c.MinBytes = 1
+	}
+	if c.MaxBytes == 0 {
+		c.MaxBytes = 1 << 20
+	}
+	if c.MaxWait == 0 {
+		c.MaxWait = 500 * time.Millisecond
+	}
+	if c.PartitionBuffer == 0 {
+		c.PartitionBuffer = 1000
+	}
+	if c.SessionTimeout == 0 {
+		c.SessionTimeout = 30 * time.Second
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = min(3*time.Second, c.SessionTimeout/3)
+	}
+	if c.RebalanceTimeout == 0 {
+		c.RebalanceTimeout = 30 * time.Second
+	}
+	if c.RevokeTimeout == 0 {
+		c.RevokeTimeout = min(10*time.Second, c.RebalanceTimeout/2)
+	}
+	if c.JoinGroupBackoff == 0 {
+		c.JoinGroupBackoff = 5 * time.Second
+	}
+	if c.IDHeader == "" {
+		c.IDHeader = DefaultIDHeader
+	}
+	if c.Schema == "" {
+		c.Schema = dedupe.DefaultSchema
+	}
+	if c.OffsetsTable == "" {
+		c.OffsetsTable = "kafka_offsets"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+	}
+	if len(c.Brokers) == 0 {
+		return bad("Brokers", "at least one broker address is required")
+	}
+	for i, b := range c.Brokers {
+		if strings.TrimSpace(b) == "" {
+			return bad("Brokers", "address %d is empty", i)
+		}
+	}
+	if c.Group == "" {
+		return bad("Group", "is required")
+	}
+	if len(c.Topics) == 0 {
+		return bad("Topics", "at least one topic is required")
+	}
+	seen := make(map[string]bool, len(c.Topics))
+	for _, t := range c.Topics {
+		switch {
+		case t == "":
+			return bad("Topics", "a topic name is empty")
+		case len(t) > 249:
+			return bad("Topics", "topic %q is longer than 249 characters", t)
+		case strings.ContainsAny(t, "/ \t\n"):
+			return bad("Topics", "topic %q contains a character Kafka does not allow", t)
+		case seen[t]:
+			return bad("Topics", "topic %q is listed twice", t)
+		}
+		seen[t] = true
+	}
+	switch {
+	case c.DialTimeout < 0:
+		return bad("DialTimeout", "must not be negative, got %s", c.DialTimeout)
+	case c.StartOffset != kafkago.FirstOffset && c.StartOffset != kafkago.LastOffset:
+		return bad("StartOffset", "must be kafka.FirstOffset (-2) or kafka.LastOffset (-1), got %d", c.StartOffset)
+	case c.MinBytes < 0:
+		return bad("MinBytes", "must not be negative, got %d", c.MinBytes)
+	case c.MaxBytes < 0:
+		return bad("MaxBytes", "must not be negative, got %d", c.MaxBytes)
+	case c.MinBytes > c.MaxBytes:
+		return bad("MinBytes", "%d is more than MaxBytes %d", c.MinBytes, c.MaxBytes)
+	case c.MaxWait < 0:
+		return bad("MaxWait", "must not be negative, got %s", c.MaxWait)
+	case c.PartitionBuffer < 0:
+		return bad("PartitionBuffer", "must not be negative, got %d", c.PartitionBuffer)
+	case c.SessionTimeout < 0:
+		return bad("SessionTimeout", "must not be negative, got %s", c.SessionTimeout)
+	case c.HeartbeatInterval < 0:
+		return bad("HeartbeatInterval", "must not be negative, got %s", c.HeartbeatInterval)
+	case c.HeartbeatInterval >= c.SessionTimeout:
+		return bad("HeartbeatInterval", "%s must be shorter than SessionTimeout %s", c.HeartbeatInterval, c.SessionTimeout)
+	case c.RebalanceTimeout < 0:
+		return bad("RebalanceTimeout", "must not be negative, got %s", c.RebalanceTimeout)
+	case c.RevokeTimeout < 0:
+		return bad("RevokeTimeout", "must not be negative, got %s", c.RevokeTimeout)
+	case c.RevokeTimeout >= c.RebalanceTimeout:
+		return bad("RevokeTimeout", "%s must be shorter than RebalanceTimeout %s, or the coordinator drops the member before its batches finish", c.RevokeTimeout, c.RebalanceTimeout)
+	case c.JoinGroupBackoff < 0:
+		return bad("JoinGroupBackoff", "must not be negative, got %s", c.JoinGroupBackoff)
+	case len(c.Schema) > maxIdentLen:
+		return bad("Schema", "%q is longer than %d bytes", c.Schema, maxIdentLen)
+	case len(c.OffsetsTable) > maxIdentLen:
+		return bad("OffsetsTable", "%q is longer than %d bytes", c.OffsetsTable, maxIdentLen)
+	case strings.IndexByte(c.Schema, 0) >= 0 || strings.IndexByte(c.OffsetsTable, 0) >= 0:
+		return bad("Schema", "identifiers must not contain NUL bytes")
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"SessionTimeout", c.SessionTimeout}, {"RebalanceTimeout", c.RebalanceTimeout}, {"HeartbeatInterval", c.HeartbeatInterval}} {
+		if d.v/time.Millisecond >= 1<<31-1 {
+			return bad(d.name, "%s is too long", d.v)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,56 @@
+// Package kafka is a consumer.Source over a Kafka consumer group, built on
+// segmentio/kafka-go's ConsumerGroup and Generation API.
+//
+// Every assigned partition is a lane: partitions are processed in parallel,
+// records of one partition in offset order, and a partition never has more
+// than one batch in flight.
+//
+// # Offsets in Postgres
+//
+// By default the position of every partition lives in a Postgres table,
+// (group, topic, partition) → next offset, generation, written by
+// BeforeCommit inside the batch's transaction. So the position moves exactly
+// when the batch's effects commit, and a crash between that commit and the
+// Kafka offset commit does not deliver the batch again.
+//
+// When a generation is assigned a partition it claims the partition's row
+// (raising its generation) and seeks to the stored offset, falling back to
+// the offset committed to Kafka and then to Config.StartOffset. A consumer
+// of an older generation (a zombie that missed a rebalance) can then no
+// longer write the row: its BeforeCommit fails with an error wrapping
+// consumer.ErrFenced, the transaction rolls back, and its batch leaves no
+// effect. The claim takes the row lock, so it waits for a zombie's
+// transaction already past BeforeCommit and reads what it committed.
+//
+// The next offset stored is the first offset not yet settled: a message
+// handed back for a retry holds it back, while later messages of the
+// partition go on; if the consumer stops before the retry committed, the
+// later messages are delivered again and the dedupe strategy reports them
+// as duplicates.
+//
+// Offsets are also committed to Kafka after each transaction (for lag
+// monitoring and tooling), never past what committed in Postgres. With
+// Config.KafkaOffsetsOnly they are the only position: there is no fencing,
+// and redeliveries are left to the dedupe strategy.
+//
+// Generation IDs are compared as numbers: if the group is deleted on the
+// brokers and its generations start again from 1, delete the group's rows
+// from the offsets table (the source logs an error naming the partitions it
+// refuses to consume).
+//
+// # Rebalances
+//
+// When a generation ends, no more batches of its partitions are handed out;
+// batches in flight may still commit for up to Config.RevokeTimeout, after
+// which they are abandoned (their commit is refused and nothing is
+// acknowledged for them). Close abandons at once.
+//
+// # Messages
+//
+// Message.ID is the value of the Config.IDHeader header ("idempotency-key"
+// by default), or "topic/partition/offset" when it is missing or empty;
+// Message.Ref is "topic/partition@offset", Message.Lane "topic/partition",
+// Message.Key the record key. Retried messages are kept by the source and
+// delivered again after their delay with Attempt incremented. OffsetKey and
+// SequenceKey are KeyFuncs for the highwater strategy.
+package kafka

@@ -1,0 +1,339 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+)
+
+// generation is one consumer group generation as this source saw it.
+type generation struct {
+	id     int32
+	lanes  []*lane
+	commit chan struct{} // asks for a Kafka offset commit
+}
+
+// start joins the consumer group, once.
+func (s *Source) start() error {
+	s.startOnce.Do(func() {
+		c := s.cfg
+		var err error
+		s.group, err = kafkago.NewConsumerGroup(kafkago.ConsumerGroupConfig{
+			ID:                c.Group,
+			Brokers:           c.Brokers,
+			Dialer:            s.dialer,
+			Topics:            c.Topics,
+			HeartbeatInterval: c.HeartbeatInterval,
+			SessionTimeout:    c.SessionTimeout,
+			RebalanceTimeout:  c.RebalanceTimeout,
+			JoinGroupBackoff:  c.JoinGroupBackoff,
+			StartOffset:       c.StartOffset,
+			Timeout:           c.DialTimeout,
+			Logger:            s.kafkaLogger(slog.LevelDebug),
+			ErrorLogger:       s.kafkaLogger(slog.LevelWarn),
+		})
+		if err != nil {
+			s.startErr = fmt.Errorf("kafka: %w", err)
+			close(s.runDone)
+			return
+		}
+		s.runCtx, s.cancel = context.WithCancel(context.Background())
+		go s.run()
+	})
+	return s.startErr
+}
+
+func (s *Source) run() {
+	defer close(s.runDone)
+	for {
+		gen, err := s.group.Next(s.runCtx)
+		if err != nil {
+			if s.runCtx.Err() != nil || errors.Is(err, kafkago.ErrGroupClosed) {
+				return
+			}
+			s.log.Warn("kafka: consumer group", "group", s.cfg.Group, "err", err)
+			continue
+		}
+		gen.Start(func(ctx context.Context) { s.runGeneration(ctx, gen) })
+	}
+}
+
+// runGeneration owns the partitions assigned in gen until the generation
+// ends: it claims them in Postgres, seeks each to its stored offset, pumps
+// records into the lanes, commits settled offsets to Kafka, and on the
+// generation's end revokes the lanes.
+func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
+	g := &generation{id: gen.ID, commit: make(chan struct{}, 1)}
+	var tps []topicPartition
+	kafkaStart := make(map[topicPartition]int64)
+	for topic, parts := range gen.Assignments {
+		for _, p := range parts {
+			tp := topicPartition{topic, p.ID}
+			tps = append(tps, tp)
+			kafkaStart[tp] = p.Offset
+		}
+	}
+	sort.Slice(tps, func(i, j int) bool {
+		if tps[i].topic != tps[j].topic {
+			return tps[i].topic < tps[j].topic
+		}
+		return tps[i].partition < tps[j].partition
+	})
+
+	var stored map[topicPartition]int64
+	if s.store != nil && len(tps) > 0 {
+		for attempt := 0; ; attempt++ {
+			var err error
+			if stored, err = s.store.claim(ctx, gen.ID, tps); err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			s.log.Error("kafka: claiming partitions", "group", s.cfg.Group, "generation", gen.ID, "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(min(time.Second<<min(attempt, 5), 30*time.Second)):
+			}
+		}
+	}
+
+	pumpCtx, stopPumps := context.WithCancel(context.Background())
+	var pumps sync.WaitGroup
+	var readers []*kafkago.Reader
+	for _, tp := range tps {
+		start := kafkaStart[tp]
+		if s.store != nil {
+			next, ok := stored[tp]
+			if !ok {
+				s.log.Error("kafka: partition is owned by a newer generation in Postgres; not consuming it in this generation "+
+					"(if the group was deleted and recreated, delete its rows from the offsets table)",
+					"group", s.cfg.Group, "lane", laneName(tp.topic, tp.partition), "generation", gen.ID)
+				continue
+			}
+			if next >= 0 {
+				start = next
+			}
+		}
+		l := &lane{
+			name: laneName(tp.topic, tp.partition), topic: tp.topic, partition: tp.partition, gen: g,
+			space: make(chan struct{}), delivered: -1, committed: -1, kafkaCommitted: -1,
+		}
+		if start >= 0 {
+			l.delivered, l.committed = start, start
+		}
+		if k := kafkaStart[tp]; k >= 0 {
+			l.kafkaCommitted = k
+		}
+		g.lanes = append(g.lanes, l)
+		r := kafkago.NewReader(s.readerConfig(tp))
+		if err := r.SetOffset(start); err != nil {
+			s.log.Error("kafka: seek", "lane", l.name, "offset", start, "err", err)
+		}
+		readers = append(readers, r)
+		pumps.Add(1)
+		go func() {
+			defer pumps.Done()
+			s.pump(pumpCtx, l, r)
+		}()
+	}
+	s.mu.Lock()
+	s.lanes = append(s.lanes, g.lanes...)
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.log.Info("kafka: generation started", "group", s.cfg.Group, "generation", gen.ID,
+		"member", gen.MemberID, "partitions", len(g.lanes))
+
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case <-g.commit:
+			s.commitKafka(gen, g)
+		case <-tick.C:
+			s.commitKafka(gen, g)
+		}
+	}
+
+	s.revoke(g)
+	s.commitKafka(gen, g)
+	stopPumps()
+	pumps.Wait()
+	for _, r := range readers {
+		_ = r.Close()
+	}
+	s.log.Info("kafka: generation ended", "group", s.cfg.Group, "generation", gen.ID)
+}
+
+// revoke stops handing out g's lanes, lets their in-flight batches finish
+// for up to RevokeTimeout (not when the source is closing), then drops them:
+// a batch still in flight is refused at BeforeCommit and ignored at Settle.
+func (s *Source) revoke(g *generation) {
+	s.mu.Lock()
+	for _, l := range g.lanes {
+		l.state = laneRevoking
+	}
+	s.notifyLocked()
+	timer := time.NewTimer(s.cfg.RevokeTimeout)
+	defer timer.Stop()
+	for !s.closed && inFlight(g.lanes) {
+		wake := s.waitChLocked()
+		s.mu.Unlock()
+		select {
+		case <-wake:
+			s.mu.Lock()
+			continue
+		case <-timer.C:
+		}
+		s.mu.Lock()
+		break
+	}
+	abandoned := 0
+	for _, l := range g.lanes {
+		l.state = laneRevoked
+		if l.inFlight != nil {
+			abandoned++
+		}
+		l.buf, l.retries = nil, nil
+		if l.full {
+			l.full = false
+			close(l.space)
+		}
+	}
+	kept := s.lanes[:0]
+	for _, l := range s.lanes {
+		if l.gen != g {
+			kept = append(kept, l)
+		}
+	}
+	clear(s.lanes[len(kept):])
+	s.lanes = kept
+	s.rr = 0
+	s.notifyLocked()
+	s.mu.Unlock()
+	if abandoned > 0 {
+		s.log.Warn("kafka: batches abandoned at revoke", "group", s.cfg.Group, "generation", g.id, "batches", abandoned)
+	}
+}
+
+func inFlight(lanes []*lane) bool {
+	for _, l := range lanes {
+		if l.inFlight != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// pump moves records from r into l's buffer, waiting while it is full.
+func (s *Source) pump(ctx context.Context, l *lane, r *kafkago.Reader) {
+	for {
+		rec, err := r.FetchMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.log.Warn("kafka: fetch", "lane", l.name, "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		d := newDelivery(l, &rec, s.cfg.IDHeader)
+		d.msg.Attempt = 1
+		s.mu.Lock()
+		for l.state == laneActive && len(l.buf) >= s.cfg.PartitionBuffer {
+			if !l.full {
+				l.full = true
+				l.space = make(chan struct{})
+			}
+			space := l.space
+			s.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-space:
+			}
+			s.mu.Lock()
+		}
+		if l.state != laneActive {
+			s.mu.Unlock()
+			return
+		}
+		l.buf = append(l.buf, d)
+		s.notifyLocked()
+		s.mu.Unlock()
+	}
+}
+
+// commitKafka commits the settled offsets of g's lanes to Kafka, for
+// tooling and lag monitoring (and as the position itself with
+// KafkaOffsetsOnly). It never commits past what committed in Postgres.
+func (s *Source) commitKafka(gen *kafkago.Generation, g *generation) {
+	offsets := make(map[string]map[int]int64)
+	s.mu.Lock()
+	for _, l := range g.lanes {
+		if l.committed > l.kafkaCommitted {
+			if offsets[l.topic] == nil {
+				offsets[l.topic] = make(map[int]int64)
+			}
+			offsets[l.topic][l.partition] = l.committed
+		}
+	}
+	s.mu.Unlock()
+	if len(offsets) == 0 {
+		return
+	}
+	if err := gen.CommitOffsets(offsets); err != nil {
+		s.log.Debug("kafka: committing offsets to Kafka", "group", s.cfg.Group, "generation", g.id, "err", err)
+		return
+	}
+	s.mu.Lock()
+	for _, l := range g.lanes {
+		if off, ok := offsets[l.topic][l.partition]; ok && off > l.kafkaCommitted {
+			l.kafkaCommitted = off
+		}
+	}
+	s.mu.Unlock()
+}
+
+func (s *Source) readerConfig(tp topicPartition) kafkago.ReaderConfig {
+	c := s.cfg
+	iso := kafkago.ReadUncommitted
+	if c.ReadCommitted {
+		iso = kafkago.ReadCommitted
+	}
+	return kafkago.ReaderConfig{
+		Brokers:        c.Brokers,
+		Topic:          tp.topic,
+		Partition:      tp.partition,
+		Dialer:         s.dialer,
+		MinBytes:       c.MinBytes,
+		MaxBytes:       c.MaxBytes,
+		MaxWait:        c.MaxWait,
+		IsolationLevel: iso,
+		Logger:         s.kafkaLogger(slog.LevelDebug),
+		ErrorLogger:    s.kafkaLogger(slog.LevelWarn),
+	}
+}
+
+// kafkaLogger adapts kafka-go's printf logging to the configured logger.
+func (s *Source) kafkaLogger(level slog.Level) kafkago.Logger {
+	if !s.log.Enabled(context.Background(), level) {
+		return nil
+	}
+	return kafkago.LoggerFunc(func(format string, args ...any) {
+		s.log.Log(context.Background(), level, "kafka-go: "+fmt.Sprintf(format, args...), "group", s.cfg.Group)
+	})
+}

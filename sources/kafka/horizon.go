@@ -1,0 +1,80 @@
+package kafka
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+)
+
+// horizonTimeout bounds the DescribeConfigs call behind RedeliveryHorizon.
+const horizonTimeout = 10 * time.Second
+
+type horizonCache struct {
+	once sync.Once
+	d    time.Duration
+}
+
+// RedeliveryHorizon returns the longest retention.ms of the configured
+// topics: a record can be delivered again (after an offset reset, or to a
+// new group) for as long as the broker keeps it. Topics that keep records
+// forever (retention.ms = -1) give math.MaxInt64. It asks the brokers once;
+// when they cannot say, it logs why and returns 0 (unknown).
+func (s *Source) RedeliveryHorizon() time.Duration {
+	s.horizon.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), horizonTimeout)
+		defer cancel()
+		d, err := s.retention(ctx)
+		if err != nil {
+			s.log.Warn("kafka: cannot read topic retention", "topics", s.cfg.Topics, "err", err)
+			return
+		}
+		s.horizon.d = d
+	})
+	return s.horizon.d
+}
+
+func (s *Source) retention(ctx context.Context) (time.Duration, error) {
+	client := &kafkago.Client{
+		Addr:      kafkago.TCP(s.cfg.Brokers...),
+		Timeout:   horizonTimeout,
+		Transport: &kafkago.Transport{TLS: s.cfg.TLS, SASL: s.cfg.SASL, ClientID: s.cfg.ClientID, DialTimeout: s.cfg.DialTimeout},
+	}
+	if t, ok := client.Transport.(*kafkago.Transport); ok {
+		defer t.CloseIdleConnections()
+	}
+	req := &kafkago.DescribeConfigsRequest{}
+	for _, t := range s.cfg.Topics {
+		req.Resources = append(req.Resources, kafkago.DescribeConfigRequestResource{
+			ResourceType: kafkago.ResourceTypeTopic, ResourceName: t, ConfigNames: []string{"retention.ms"},
+		})
+	}
+	resp, err := client.DescribeConfigs(ctx, req)
+	if err != nil {
+		return 0, err
+	}
+	var longest time.Duration
+	for _, r := range resp.Resources {
+		if r.Error != nil {
+			return 0, fmt.Errorf("topic %s: %w", r.ResourceName, r.Error)
+		}
+		for _, e := range r.ConfigEntries {
+			if e.ConfigName != "retention.ms" {
+				continue
+			}
+			ms, err := strconv.ParseInt(e.ConfigValue, 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("topic %s: retention.ms %q: %w", r.ResourceName, e.ConfigValue, err)
+			}
+			if ms < 0 || ms > math.MaxInt64/int64(time.Millisecond) {
+				return math.MaxInt64, nil
+			}
+			longest = max(longest, time.Duration(ms)*time.Millisecond)
+		}
+	}
+	return longest, nil
+}

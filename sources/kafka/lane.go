@@ -1,0 +1,157 @@
+package kafka
+
+import (
+	"sort"
+	"time"
+
+	"github.com/effectively-once/effectively/consumer"
+)
+
+type laneState uint8
+
+const (
+	// laneActive: owned; Fetch may hand out its messages.
+	laneActive laneState = iota
+	// laneRevoking: the generation ended; its in-flight batch may still
+	// commit, nothing more is handed out.
+	laneRevoking
+	// laneRevoked: no longer owned; its in-flight batch, if any, is refused
+	// and nothing is acknowledged for it.
+	laneRevoked
+)
+
+// lane is one assigned partition in one generation. All fields but the
+// immutable ones are guarded by Source.mu.
+type lane struct {
+	name      string
+	topic     string
+	partition int
+	gen       *generation
+
+	state    laneState
+	fenced   bool            // Postgres said a newer generation owns it
+	inFlight *consumer.Batch // the batch being processed, if any
+
+	buf     []*delivery // fetched, not yet handed out, in offset order
+	full    bool        // the pump waits for room in buf
+	space   chan struct{}
+	retries []retrySlot // handed back, sorted by offset
+
+	// delivered is the offset after the last record handed out from buf,
+	// committed the commit point after the last settled batch, and
+	// kafkaCommitted what Kafka holds; -1 when unknown.
+	delivered, committed, kafkaCommitted int64
+}
+
+type retrySlot struct {
+	d   *delivery
+	due time.Time
+}
+
+func (l *lane) fetchable() bool { return l.state == laneActive && !l.fenced && l.inFlight == nil }
+
+// ready reports whether l has something to hand out now, and otherwise the
+// earliest time a retry falls due (zero when none).
+func (l *lane) ready(now time.Time) (bool, time.Time) {
+	if len(l.buf) > 0 {
+		return true, time.Time{}
+	}
+	var next time.Time
+	for _, r := range l.retries {
+		if !r.due.After(now) {
+			return true, time.Time{}
+		}
+		if next.IsZero() || r.due.Before(next) {
+			next = r.due
+		}
+	}
+	return false, next
+}
+
+// take hands out up to max messages: due retries first, in offset order,
+// then fresh ones.
+func (l *lane) take(max int, now time.Time) []*consumer.Message {
+	var msgs []*consumer.Message
+	if len(l.retries) > 0 {
+		kept := l.retries[:0]
+		for _, r := range l.retries {
+			if len(msgs) < max && !r.due.After(now) {
+				r.d.msg.Attempt++
+				msgs = append(msgs, &r.d.msg)
+			} else {
+				kept = append(kept, r)
+			}
+		}
+		clear(l.retries[len(kept):])
+		l.retries = kept
+	}
+	n := min(max-len(msgs), len(l.buf))
+	if n > 0 {
+		if msgs == nil {
+			msgs = make([]*consumer.Message, 0, n)
+		}
+		for _, d := range l.buf[:n] {
+			msgs = append(msgs, &d.msg)
+		}
+		l.delivered = l.buf[n-1].offset + 1
+		rest := copy(l.buf, l.buf[n:])
+		clear(l.buf[rest:])
+		l.buf = l.buf[:rest]
+		if l.full {
+			l.full = false
+			close(l.space)
+		}
+	}
+	return msgs
+}
+
+// nextOffset is the partition's commit point once the messages of batch
+// that are in acked have committed: the lowest offset still outstanding (in
+// the retry slot, or in batch but not acked), else the offset after the last
+// record handed out.
+func (l *lane) nextOffset(batch []*consumer.Message, acked map[*consumer.Message]struct{}) int64 {
+	next := l.delivered
+	low := func(off int64) {
+		if next < 0 || off < next {
+			next = off
+		}
+	}
+	for _, r := range l.retries {
+		low(r.d.offset)
+	}
+	for _, m := range batch {
+		if _, ok := acked[m]; !ok {
+			low(m.SourceData.(*delivery).offset)
+		}
+	}
+	return next
+}
+
+// settle records the outcome of l's in-flight batch: retried messages wait
+// in the retry slot for their delay, abandoned ones are due at once, and
+// the commit point moves up.
+func (l *lane) settle(b *consumer.Batch, acked map[*consumer.Message]struct{}, retry []consumer.Retry, now time.Time) {
+	retried := make(map[*consumer.Message]struct{}, len(retry))
+	for _, r := range retry {
+		d, ok := r.Message.SourceData.(*delivery)
+		if !ok || d.lane != l {
+			continue
+		}
+		if _, dup := retried[r.Message]; dup {
+			continue
+		}
+		retried[r.Message] = struct{}{}
+		l.retries = append(l.retries, retrySlot{d: d, due: now.Add(r.Delay)})
+	}
+	for _, m := range b.Messages {
+		_, a := acked[m]
+		_, r := retried[m]
+		if !a && !r {
+			l.retries = append(l.retries, retrySlot{d: m.SourceData.(*delivery), due: now})
+		}
+	}
+	sort.Slice(l.retries, func(i, j int) bool { return l.retries[i].d.offset < l.retries[j].d.offset })
+	if next := l.nextOffset(nil, nil); next > l.committed {
+		l.committed = next
+	}
+}

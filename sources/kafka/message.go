@@ -1,0 +1,100 @@
+package kafka
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/dedupe"
+	kafkago "github.com/segmentio/kafka-go"
+)
+
+// SourceName is Message.Source for messages of this package.
+const SourceName = "kafka"
+
+// delivery is a message together with where it came from; Message.SourceData
+// points back to it.
+type delivery struct {
+	msg    consumer.Message
+	lane   *lane
+	offset int64
+}
+
+func laneName(topic string, partition int) string {
+	return topic + "/" + strconv.Itoa(partition)
+}
+
+// newDelivery converts a record of l. Its ID is the idHeader's value when
+// present and not empty, else "topic/partition/offset".
+func newDelivery(l *lane, r *kafkago.Message, idHeader string) *delivery {
+	d := &delivery{lane: l, offset: r.Offset}
+	m := &d.msg
+	m.Key = r.Key
+	m.Value = r.Value
+	m.Time = r.Time
+	m.Source = SourceName
+	m.Lane = l.name
+	off := strconv.FormatInt(r.Offset, 10)
+	m.Ref = l.name + "@" + off
+	if len(r.Headers) > 0 {
+		m.Headers = make([]consumer.Header, len(r.Headers))
+		for i, h := range r.Headers {
+			m.Headers[i] = consumer.Header{Key: h.Key, Value: h.Value}
+			if m.ID == "" && h.Key == idHeader && len(h.Value) > 0 {
+				m.ID = string(h.Value)
+			}
+		}
+	}
+	if m.ID == "" {
+		m.ID = l.name + "/" + off
+	}
+	m.SourceData = d
+	return d
+}
+
+// Position returns the topic, partition and offset of a message delivered
+// by a Source of this package; ok is false for other messages.
+func Position(m *consumer.Message) (topic string, partition int, offset int64, ok bool) {
+	d, ok := m.SourceData.(*delivery)
+	if !ok || d == nil {
+		return "", 0, 0, false
+	}
+	return d.lane.topic, d.lane.partition, d.offset, true
+}
+
+// OffsetKey is a KeyFunc for the highwater strategy in monotonic mode: the
+// sender is the message's "topic/partition" and the sequence number its
+// offset + 1. It recognises redeliveries of the same record without a
+// marker per message; it cannot recognise a producer that sent an event
+// twice (use an ID header and idset for that).
+func OffsetKey(m *consumer.Message) (dedupe.Key, error) {
+	_, _, off, ok := Position(m)
+	if !ok {
+		return dedupe.Key{}, errors.New("kafka: OffsetKey used with a message of another source")
+	}
+	return dedupe.Key{ID: m.ID, Sender: m.Lane, Seq: off + 1}, nil
+}
+
+// SequenceKey returns a KeyFunc for the highwater strategy that reads the
+// sender from the header senderHeader and its decimal sequence number
+// (starting at 1) from seqHeader. A message missing either header, or with
+// a sequence number that does not parse, is parked with that reason.
+func SequenceKey(senderHeader, seqHeader string) consumer.KeyFunc {
+	return func(m *consumer.Message) (dedupe.Key, error) {
+		sender, ok := m.Header(senderHeader)
+		if !ok || len(sender) == 0 {
+			return dedupe.Key{}, fmt.Errorf("kafka: message has no %q header", senderHeader)
+		}
+		raw, ok := m.Header(seqHeader)
+		if !ok || len(raw) == 0 {
+			return dedupe.Key{}, fmt.Errorf("kafka: message has no %q header", seqHeader)
+		}
+		seq, err := strconv.ParseInt(strings.TrimSpace(string(raw)), 10, 64)
+		if err != nil || seq < 1 {
+			return dedupe.Key{}, fmt.Errorf("kafka: header %q is %q, not a sequence number of at least 1", seqHeader, raw)
+		}
+		return dedupe.Key{ID: m.ID, Sender: string(sender), Seq: seq}, nil
+	}
+}

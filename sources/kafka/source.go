@@ -1,0 +1,286 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/dedupe"
+	"github.com/jackc/pgx/v5"
+	kafkago "github.com/segmentio/kafka-go"
+)
+
+// ErrClosed is returned by Fetch after Close.
+var ErrClosed = errors.New("kafka: source closed")
+
+// Source delivers the records of a Kafka consumer group to a
+// consumer.Consumer. It implements consumer.Source, consumer.TxSource and
+// consumer.HorizonSource. Make one with New, run Migrate once, hand it to
+// consumer.New, and Close it after the consumer's Run returned.
+type Source struct {
+	cfg    Config
+	store  *offsetStore // nil with KafkaOffsetsOnly
+	dialer *kafkago.Dialer
+	log    *slog.Logger
+
+	startOnce sync.Once
+	closeOnce sync.Once
+	group     *kafkago.ConsumerGroup
+	startErr  error
+	runCtx    context.Context
+	cancel    context.CancelFunc
+	runDone   chan struct{}
+
+	mu     sync.Mutex
+	lanes  []*lane // active and revoking lanes
+	rr     int     // round-robin position in lanes
+	wake   chan struct{}
+	closed bool
+
+	horizon horizonCache
+}
+
+var (
+	_ consumer.TxSource      = (*Source)(nil)
+	_ consumer.HorizonSource = (*Source)(nil)
+	_ dedupe.Migrator        = (*Source)(nil)
+)
+
+// New validates cfg and returns a Source. db holds the offsets table; it may
+// be nil only with cfg.KafkaOffsetsOnly. The source joins the group on the
+// first Fetch.
+func New(db DB, cfg Config) (*Source, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	s := &Source{
+		cfg: cfg,
+		log: cfg.Logger,
+		dialer: &kafkago.Dialer{
+			ClientID:      cfg.ClientID,
+			Timeout:       cfg.DialTimeout,
+			DualStack:     true,
+			TLS:           cfg.TLS,
+			SASLMechanism: cfg.SASL,
+		},
+		runDone: make(chan struct{}),
+	}
+	if !cfg.KafkaOffsetsOnly {
+		if db == nil {
+			return nil, &ConfigError{Field: "db", Reason: "a database is required unless KafkaOffsetsOnly is set"}
+		}
+		s.store = newOffsetStore(db, cfg.Group, cfg.Schema, cfg.OffsetsTable)
+	}
+	return s, nil
+}
+
+// Migrations returns the migration line of the offsets table (none with
+// KafkaOffsetsOnly), for dedupe.Migrate or dedupe.MigrationSQL.
+func (s *Source) Migrations() []dedupe.Line {
+	if s.store == nil {
+		return nil
+	}
+	return []dedupe.Line{s.store.line()}
+}
+
+// Migrate creates the offsets table if it is missing.
+func (s *Source) Migrate(ctx context.Context) error {
+	if s.store == nil {
+		return nil
+	}
+	_, err := dedupe.Migrate(ctx, s.store.db, s.cfg.Schema, s.Migrations()...)
+	return err
+}
+
+// Assignment returns the lanes ("topic/partition") this source currently
+// owns and hands out, sorted.
+func (s *Source) Assignment() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, l := range s.lanes {
+		if l.state == laneActive && !l.fenced {
+			out = append(out, l.name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Fetch blocks until one assigned partition that has no batch in flight has
+// messages (fresh ones, or handed-back ones whose delay is over), and
+// returns up to max of them in offset order.
+func (s *Source) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
+	if err := s.start(); err != nil {
+		return nil, err
+	}
+	if max < 1 {
+		max = 1
+	}
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		now := time.Now()
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return nil, ErrClosed
+		}
+		var next time.Time
+		for i := range s.lanes {
+			l := s.lanes[(s.rr+i)%len(s.lanes)]
+			if !l.fetchable() {
+				continue
+			}
+			ok, due := l.ready(now)
+			if !ok {
+				if !due.IsZero() && (next.IsZero() || due.Before(next)) {
+					next = due
+				}
+				continue
+			}
+			s.rr = (s.rr + i + 1) % len(s.lanes)
+			b := &consumer.Batch{Lane: l.name, Messages: l.take(max, now), SourceData: l}
+			l.inFlight = b
+			s.mu.Unlock()
+			return b, nil
+		}
+		wake := s.waitChLocked()
+		s.mu.Unlock()
+
+		var due <-chan time.Time
+		if !next.IsZero() {
+			if timer == nil {
+				timer = time.NewTimer(time.Until(next))
+			} else {
+				timer.Reset(time.Until(next))
+			}
+			due = timer.C
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-wake:
+		case <-due:
+		}
+	}
+}
+
+// BeforeCommit stores the partition's next offset in tx, provided this
+// consumer's generation still owns the partition; otherwise it returns an
+// error wrapping consumer.ErrFenced and the batch is dropped.
+func (s *Source) BeforeCommit(ctx context.Context, tx pgx.Tx, b *consumer.Batch, ack []*consumer.Message) error {
+	l, ok := b.SourceData.(*lane)
+	if !ok {
+		return fmt.Errorf("kafka: BeforeCommit with a batch of another source")
+	}
+	acked := ackSet(ack)
+	s.mu.Lock()
+	if l.inFlight != b || l.state == laneRevoked || l.fenced {
+		s.mu.Unlock()
+		return fmt.Errorf("kafka: partition %s was revoked from generation %d: %w", l.name, l.gen.id, consumer.ErrFenced)
+	}
+	next := l.nextOffset(b.Messages, acked)
+	s.mu.Unlock()
+	if s.store == nil || len(ack) == 0 {
+		return nil
+	}
+	err := s.store.write(ctx, tx, topicPartition{l.topic, l.partition}, l.gen.id, next)
+	if errors.Is(err, consumer.ErrFenced) {
+		s.mu.Lock()
+		l.fenced = true
+		if l.inFlight == b {
+			l.inFlight = nil
+		}
+		s.notifyLocked()
+		s.mu.Unlock()
+		s.log.Warn("kafka: partition fenced by a newer generation", "group", s.cfg.Group, "lane", l.name, "generation", l.gen.id)
+	}
+	return err
+}
+
+// Settle records a batch's outcome: acked messages move the partition's
+// commit point (committed to Kafka shortly after), retried ones are
+// delivered again after their delay, and the rest are delivered again at
+// once. Nothing is recorded for a partition this consumer no longer owns.
+func (s *Source) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.Message, retry []consumer.Retry) error {
+	l, ok := b.SourceData.(*lane)
+	if !ok {
+		return fmt.Errorf("kafka: Settle with a batch of another source")
+	}
+	acked := ackSet(ack)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l.inFlight != b {
+		return nil // fenced or revoked meanwhile: dropped
+	}
+	l.inFlight = nil
+	s.notifyLocked()
+	if l.state == laneRevoked || l.fenced {
+		return nil
+	}
+	before := l.committed
+	l.settle(b, acked, retry, time.Now())
+	if l.committed > before {
+		select {
+		case l.gen.commit <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+func ackSet(ack []*consumer.Message) map[*consumer.Message]struct{} {
+	m := make(map[*consumer.Message]struct{}, len(ack))
+	for _, a := range ack {
+		m[a] = struct{}{}
+	}
+	return m
+}
+
+// Close leaves the group and stops fetching. Batches still in flight are
+// abandoned: their commit is refused, and the partition's next owner
+// delivers them again.
+func (s *Source) Close() error {
+	s.closeOnce.Do(func() {
+		s.startOnce.Do(func() { close(s.runDone) }) // no start after Close
+		s.mu.Lock()
+		s.closed = true
+		s.notifyLocked()
+		s.mu.Unlock()
+		if s.group != nil {
+			s.cancel()
+			_ = s.group.Close()
+			<-s.runDone
+		}
+	})
+	return nil
+}
+
+// waitChLocked returns a channel closed at the next state change.
+func (s *Source) waitChLocked() <-chan struct{} {
+	if s.wake == nil {
+		s.wake = make(chan struct{})
+	}
+	return s.wake
+}
+
+func (s *Source) notifyLocked() {
+	if s.wake != nil {
+		close(s.wake)
+		s.wake = nil
+	}
+}

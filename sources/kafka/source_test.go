@@ -1,0 +1,271 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/dedupe"
+	kafkago "github.com/segmentio/kafka-go"
+)
+
+func TestConfigErrors(t *testing.T) {
+	ok := Config{Brokers: []string{"localhost:9092"}, Group: "g", Topics: []string{"t"}}
+	cases := []struct {
+		field  string
+		mutate func(*Config)
+	}{
+		{"Brokers", func(c *Config) { c.Brokers = nil }},
+		{"Brokers", func(c *Config) { c.Brokers = []string{" "} }},
+		{"Group", func(c *Config) { c.Group = "" }},
+		{"Topics", func(c *Config) { c.Topics = nil }},
+		{"Topics", func(c *Config) { c.Topics = []string{"a", "a"} }},
+		{"Topics", func(c *Config) { c.Topics = []string{"a b"} }},
+		{"StartOffset", func(c *Config) { c.StartOffset = 42 }},
+		{"MinBytes", func(c *Config) { c.MinBytes = 10; c.MaxBytes = 5 }},
+		{"MaxWait", func(c *Config) { c.MaxWait = -time.Second }},
+		{"HeartbeatInterval", func(c *Config) { c.SessionTimeout = time.Second; c.HeartbeatInterval = 2 * time.Second }},
+		{"RevokeTimeout", func(c *Config) { c.RebalanceTimeout = time.Second; c.RevokeTimeout = 2 * time.Second }},
+		{"PartitionBuffer", func(c *Config) { c.PartitionBuffer = -1 }},
+		{"OffsetsTable", func(c *Config) { c.OffsetsTable = strings.Repeat("x", 64) }},
+	}
+	for _, tc := range cases {
+		cfg := ok
+		tc.mutate(&cfg)
+		_, err := New(nil, cfg)
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Field != tc.field {
+			t.Errorf("%s: got %v, want a ConfigError for %s", tc.field, err, tc.field)
+			continue
+		}
+		if !errors.Is(err, ErrInvalidConfig) || !errors.Is(err, consumer.ErrInvalidConfig) {
+			t.Errorf("%s: %v does not match ErrInvalidConfig", tc.field, err)
+		}
+	}
+	if _, err := New(nil, ok); err == nil || !strings.Contains(err.Error(), "database") {
+		t.Errorf("nil db with offsets in Postgres: got %v", err)
+	}
+	only := ok
+	only.KafkaOffsetsOnly = true
+	if _, err := New(nil, only); err != nil {
+		t.Errorf("KafkaOffsetsOnly without db: %v", err)
+	}
+}
+
+func TestMigrationSQLQuotesIdentifiers(t *testing.T) {
+	s, err := New(noDB{}, Config{Brokers: []string{"b:1"}, Group: "g", Topics: []string{"t"}, Schema: `od"d`, OffsetsTable: "Off Sets"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sql, err := dedupe.MigrationSQL(`od"d`, s.Migrations()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(sql, `"od""d"."Off Sets"`) {
+		t.Errorf("identifiers not quoted:\n%s", sql)
+	}
+}
+
+type noDB struct{ DB }
+
+func TestMessageFields(t *testing.T) {
+	e := newEnv(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := e.kafka.Produce(ctx, e.topic,
+		kafkago.Message{Partition: 1, Key: []byte("acct-1"), Value: []byte("a"), Headers: []kafkago.Header{{Key: "idempotency-key", Value: []byte("evt-1")}, {Key: "trace", Value: []byte("x")}}},
+		kafkago.Message{Partition: 1, Value: []byte("b")},
+		kafkago.Message{Partition: 1, Value: []byte("c"), Headers: []kafkago.Header{{Key: "idempotency-key", Value: nil}}},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := e.source()
+	b, err := s.Fetch(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lane := e.topic + "/1"
+	if b.Lane != lane || len(b.Messages) != 3 {
+		t.Fatalf("batch of lane %s with %d messages, want %s with 3", b.Lane, len(b.Messages), lane)
+	}
+	m := b.Messages[0]
+	if m.ID != "evt-1" || string(m.Key) != "acct-1" || string(m.Value) != "a" || m.Lane != lane ||
+		m.Ref != lane+"@0" || m.Source != "kafka" || m.Attempt != 1 || m.Time.IsZero() {
+		t.Errorf("first message: %+v", m)
+	}
+	if v, ok := m.Header("trace"); !ok || string(v) != "x" || len(m.Headers) != 2 {
+		t.Errorf("headers: %+v", m.Headers)
+	}
+	if got := b.Messages[1].ID; got != lane+"/1" {
+		t.Errorf("message without header: ID %q, want %q", got, lane+"/1")
+	}
+	if got := b.Messages[2].ID; got != lane+"/2" {
+		t.Errorf("message with empty header: ID %q, want %q", got, lane+"/2")
+	}
+	if topic, p, off, ok := Position(b.Messages[2]); !ok || topic != e.topic || p != 1 || off != 2 {
+		t.Errorf("Position: %s %d %d %v", topic, p, off, ok)
+	}
+	k, err := OffsetKey(b.Messages[2])
+	if err != nil || k.Sender != lane || k.Seq != 3 {
+		t.Errorf("OffsetKey: %+v %v", k, err)
+	}
+	if err := process(ctx, s, e.pool, b, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.storedOffsets()[1][0]; got != 3 {
+		t.Errorf("stored next offset %d, want 3", got)
+	}
+}
+
+func TestSequenceKey(t *testing.T) {
+	kf := SequenceKey("sender", "seq")
+	m := &consumer.Message{ID: "x", Headers: []consumer.Header{{Key: "sender", Value: []byte("svc")}, {Key: "seq", Value: []byte("42")}}}
+	k, err := kf(m)
+	if err != nil || k.Sender != "svc" || k.Seq != 42 {
+		t.Errorf("got %+v %v", k, err)
+	}
+	for _, hs := range [][]consumer.Header{
+		{{Key: "seq", Value: []byte("1")}},
+		{{Key: "sender", Value: []byte("svc")}},
+		{{Key: "sender", Value: []byte("svc")}, {Key: "seq", Value: []byte("zero")}},
+		{{Key: "sender", Value: []byte("svc")}, {Key: "seq", Value: []byte("0")}},
+	} {
+		if _, err := kf(&consumer.Message{Headers: hs}); err == nil {
+			t.Errorf("headers %v: no error", hs)
+		}
+	}
+}
+
+// TestAllOnce: one source, several workers, many partitions: every message
+// has exactly one effect; Postgres and Kafka end at the log end.
+func TestAllOnce(t *testing.T) {
+	const n = 5000
+	e := newEnv(t, 4)
+	e.produce(0, n)
+	s := e.source()
+	ctx, cancel := context.WithCancel(context.Background())
+	w := startWorkers(ctx, s, e.pool, 3, 200, nil)
+	e.waitEffects(n, 30*time.Second)
+	cancel()
+	w.wait(t)
+	if rows, distinct := e.effects(); rows != n || distinct != n {
+		t.Fatalf("%d effect rows for %d distinct messages, want %d of each", rows, distinct, n)
+	}
+	for p, row := range e.storedOffsets() {
+		if row[0] != n/4 {
+			t.Errorf("partition %d: stored next offset %d, want %d", p, row[0], n/4)
+		}
+	}
+	waitFor(t, 10*time.Second, "Kafka commits", func() bool {
+		offs, err := e.kafka.CommittedOffsets(context.Background(), e.group, e.topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for p := range 4 {
+			if offs[p] != n/4 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// TestResume: a consumer stops mid-stream, another of the same group takes
+// over: every message is applied exactly once.
+func TestResume(t *testing.T) {
+	const n = 4000
+	e := newEnv(t, 3)
+	e.produce(0, n/2)
+	a := e.source()
+	ctx, cancel := context.WithCancel(context.Background())
+	w := startWorkers(ctx, a, e.pool, 2, 100, nil)
+	e.waitEffects(n/4, 30*time.Second)
+	cancel()
+	w.wait(t)
+	_ = a.Close()
+	if _, d := e.effects(); d >= n {
+		t.Fatalf("first consumer already did everything (%d)", d)
+	}
+
+	e.produce(n/2, n)
+	b := e.source()
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	w = startWorkers(ctx, b, e.pool, 2, 100, nil)
+	e.waitEffects(n, 30*time.Second)
+	cancel()
+	w.wait(t)
+	if rows, distinct := e.effects(); rows != n || distinct != n {
+		t.Fatalf("%d effect rows for %d distinct messages, want %d of each", rows, distinct, n)
+	}
+}
+
+// TestRetryRedelivery: a message handed back is delivered again after its
+// delay with Attempt 2, later messages go on meanwhile, and the stored and
+// Kafka-committed offsets stay at the retried message until it commits.
+func TestRetryRedelivery(t *testing.T) {
+	e := newEnv(t, 1)
+	e.produce(0, 10)
+	s := e.source()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	var got []*consumer.Message
+	for len(got) < 10 {
+		b, err := s.Fetch(ctx, 5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, b.Messages...)
+		ack, retry := b.Messages, []consumer.Retry(nil)
+		if len(got) <= 5 { // hand back offset 2
+			ack = append(append([]*consumer.Message{}, b.Messages[:2]...), b.Messages[3:]...)
+			retry = []consumer.Retry{{Message: b.Messages[2], Delay: 300 * time.Millisecond}}
+		}
+		commit(t, ctx, s, e, b, ack, retry)
+	}
+	if next := e.storedOffsets()[0][0]; next != 2 {
+		t.Errorf("stored next offset %d while offset 2 waits for a retry, want 2", next)
+	}
+	time.Sleep(1200 * time.Millisecond) // a Kafka commit tick
+	if offs, _ := e.kafka.CommittedOffsets(ctx, e.group, e.topic); offs[0] > 2 {
+		t.Errorf("Kafka committed %d past the retried offset 2", offs[0])
+	}
+	start := time.Now()
+	b, err := s.Fetch(ctx, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Messages) != 1 || b.Messages[0].Ref != e.topic+"/0@2" || b.Messages[0].Attempt != 2 {
+		t.Fatalf("redelivery: %d messages, first %+v", len(b.Messages), b.Messages[0])
+	}
+	if time.Since(start) > 5*time.Second {
+		t.Errorf("redelivery took %s", time.Since(start))
+	}
+	commit(t, ctx, s, e, b, b.Messages, nil)
+	if next := e.storedOffsets()[0][0]; next != 10 {
+		t.Errorf("stored next offset %d after the retry committed, want 10", next)
+	}
+}
+
+func commit(t *testing.T, ctx context.Context, s *Source, e *env, b *consumer.Batch, ack []*consumer.Message, retry []consumer.Retry) {
+	t.Helper()
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := s.BeforeCommit(ctx, tx, b, ack); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Settle(ctx, b, ack, retry); err != nil {
+		t.Fatal(err)
+	}
+}
