@@ -1,0 +1,166 @@
+package bloom
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/effectively-once/effectively/dedupe"
+)
+
+// DefaultTable is the name of the partitioned markers table unless
+// configured otherwise.
+const DefaultTable = "bloom_markers"
+
+// Defaults of the Config fields.
+const (
+	DefaultSlice                = time.Hour
+	DefaultRetention            = 7 * 24 * time.Hour
+	DefaultExpectedKeysPerSlice = 1_000_000
+	DefaultFalsePositiveRate    = 0.01
+	DefaultPartitionsAhead      = 2
+	DefaultSealTimeout          = 2 * time.Second
+)
+
+// MaxMaxIDLen is the largest MaxIDLen accepted, so that a key still fits in
+// a PostgreSQL B-tree index entry.
+const MaxMaxIDLen = 1024
+
+// maxIdentLen is PostgreSQL's identifier length limit (NAMEDATALEN - 1).
+const maxIdentLen = 63
+
+// partitionSuffixLen is the length of "_20060102t150405", appended to Table
+// to name a partition.
+const partitionSuffixLen = len("_") + len(partitionTimeLayout)
+
+// Config configures a Strategy. The zero value is usable.
+type Config struct {
+	// Schema is the schema that holds the markers table; the migrations
+	// create it when missing. Defaults to "effectively".
+	Schema string
+	// Table is the name of the partitioned markers table. Partitions are
+	// named Table + "_" + the slice start in UTC (e.g.
+	// bloom_markers_20260102t150000), so Table may be at most 47 bytes.
+	// Defaults to "bloom_markers".
+	Table string
+	// Slice is the time span of one partition, and of one filter. It must
+	// be a whole number of seconds, at least one second. Changing it for an
+	// existing table is not supported (new partitions would overlap old
+	// ones). Defaults to 1 hour.
+	Slice time.Duration
+	// Retention is how long a marker is kept at least: a partition is
+	// dropped once its whole slice is older than Retention. It must be
+	// longer than Slice and longer than the longest time after which the
+	// source can deliver a message again. Defaults to 7 days.
+	Retention time.Duration
+	// ExpectedKeysPerSlice sizes the filter of the current slice, per scope.
+	// The filter of a closed (sealed) slice is rebuilt from the store and
+	// sized from the number of markers it actually holds. Defaults to
+	// 1,000,000.
+	ExpectedKeysPerSlice int
+	// FalsePositiveRate is the target false-positive rate of each filter,
+	// between 0 and 0.5 exclusive. A key is tested against the filter of
+	// every live slice, so the share of new keys that need at least one
+	// probe is about (Retention/Slice) × FalsePositiveRate. Defaults to 0.01.
+	FalsePositiveRate float64
+	// PartitionsAhead is how many partitions after the current one Maintain
+	// keeps created, at least 1. Defaults to 2.
+	PartitionsAhead int
+	// SealTimeout bounds how long Maintain and Warm wait for the claiming
+	// transactions in flight to finish before they trust a closed slice's
+	// filter (see the package documentation); a slice that cannot be
+	// sealed in time is probed until a later try succeeds. Claims that
+	// start while a seal waits wait behind it. Defaults to 2 seconds.
+	SealTimeout time.Duration
+	// DisableFilter turns the filters off: every key is probed in every
+	// live partition. For comparison and troubleshooting. Defaults to false.
+	DisableFilter bool
+	// MaxIDLen is the longest Key.Scope and Key.ID, in bytes, that Claim
+	// accepts; at most MaxMaxIDLen. Defaults to dedupe.DefaultMaxIDLen.
+	MaxIDLen int
+	// Logger receives maintenance and warm-up reports. Defaults to a logger
+	// that discards everything.
+	Logger *slog.Logger
+}
+
+// withDefaults returns c with zero fields replaced by their defaults.
+func (c Config) withDefaults() Config {
+	if c.Schema == "" {
+		c.Schema = dedupe.DefaultSchema
+	}
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	if c.Slice == 0 {
+		c.Slice = DefaultSlice
+	}
+	if c.Retention == 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.ExpectedKeysPerSlice == 0 {
+		c.ExpectedKeysPerSlice = DefaultExpectedKeysPerSlice
+	}
+	if c.FalsePositiveRate == 0 {
+		c.FalsePositiveRate = DefaultFalsePositiveRate
+	}
+	if c.PartitionsAhead == 0 {
+		c.PartitionsAhead = DefaultPartitionsAhead
+	}
+	if c.SealTimeout == 0 {
+		c.SealTimeout = DefaultSealTimeout
+	}
+	if c.MaxIDLen == 0 {
+		c.MaxIDLen = dedupe.DefaultMaxIDLen
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// validate checks a Config whose defaults are filled in.
+func (c Config) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf("bloom: %w", &dedupe.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)})
+	}
+	for _, f := range [...]struct {
+		name, v string
+		max     int
+	}{{"Schema", c.Schema, maxIdentLen}, {"Table", c.Table, maxIdentLen - partitionSuffixLen}} {
+		switch {
+		case len(f.v) > f.max:
+			return bad(f.name, "%q is %d bytes long, over the limit of %d", f.v, len(f.v), f.max)
+		case !utf8.ValidString(f.v):
+			return bad(f.name, "%q is not valid UTF-8", f.v)
+		case strings.IndexByte(f.v, 0) >= 0:
+			return bad(f.name, "%q contains a NUL byte", f.v)
+		}
+	}
+	switch {
+	case c.Slice < time.Second:
+		return bad("Slice", "must be at least 1s, got %v", c.Slice)
+	case c.Slice%time.Second != 0:
+		return bad("Slice", "must be a whole number of seconds, got %v", c.Slice)
+	}
+	if c.Retention <= c.Slice {
+		return bad("Retention", "must be longer than Slice (%v), got %v", c.Slice, c.Retention)
+	}
+	if c.ExpectedKeysPerSlice < 0 {
+		return bad("ExpectedKeysPerSlice", "must be positive, got %d", c.ExpectedKeysPerSlice)
+	}
+	if !(c.FalsePositiveRate > 0 && c.FalsePositiveRate < 0.5) {
+		return bad("FalsePositiveRate", "must be between 0 and 0.5 exclusive, got %v", c.FalsePositiveRate)
+	}
+	if c.PartitionsAhead < 0 {
+		return bad("PartitionsAhead", "must be at least 1, got %d", c.PartitionsAhead)
+	}
+	if c.SealTimeout < 0 {
+		return bad("SealTimeout", "must be positive, got %v", c.SealTimeout)
+	}
+	if c.MaxIDLen < 0 || c.MaxIDLen > MaxMaxIDLen {
+		return bad("MaxIDLen", "must be between 1 and %d, got %d", MaxMaxIDLen, c.MaxIDLen)
+	}
+	return nil
+}
