@@ -27,15 +27,17 @@ type group struct {
 // Claim decides the verdicts of keys inside tx and moves the marks of the
 // senders whose messages are new.
 //
-// Keys are taken in batch order, per sender, starting from the sender's
-// mark: a seq at or below it is a duplicate (or a mismatch, if it is the
-// mark's own seq and the fingerprints differ); in strict mode mark+1 is new
-// and moves the mark, so 1, 2, 3 in one batch all apply, while a seq past a
-// hole is a gap, even if the hole is filled later in the same batch (the
-// messages would otherwise be applied out of order); in monotonic mode every
-// seq above the mark is new. A key repeated in the batch gets the verdict of
-// its first occurrence (a duplicate, or a mismatch if the fingerprints
-// differ, when the first was new).
+// Keys are judged in batch order, per sender, exactly as if they had been
+// delivered one by one: a seq at or below the mark is a duplicate (or a
+// mismatch, if it is the mark's own seq, or a seq applied earlier in the
+// batch, and the fingerprints differ); in strict mode mark+1 is new and
+// moves the mark, so 1, 2, 3 in one batch all apply, while a seq past a hole
+// is a gap, even if the hole is filled later in the batch (handlers run in
+// batch order, so applying it would break the sender's order); in monotonic
+// mode every seq above the mark is new. A key repeated in the batch is
+// judged like a redelivery: after a new first occurrence it is a duplicate
+// (or a mismatch); after a gap it is judged afresh, and may apply if the
+// hole was filled in between.
 //
 // Keys whose seq is at or below the cached mark are answered from the cache.
 // The rest cost one round trip (a pgx.Batch that creates missing mark rows
@@ -210,32 +212,19 @@ func (s *Strategy) lockMarks(ctx context.Context, tx pgx.Tx, groups []*group) er
 // mark after them, with the fingerprint of the message at that seq.
 func (s *Strategy) decide(g *group, keys []dedupe.Key, verdicts []dedupe.Verdict, now time.Time) (cur int64, curFP []byte) {
 	cur, curFP = g.mark, g.fp
-	var first map[int64]int // seq -> index of its first occurrence
-	if len(g.idx) > 1 {
-		first = make(map[int64]int, len(g.idx))
-	}
+	var applied map[int64]int // seq -> index of the key that applied it in this batch
 	var lowestGap, farGap int64
 	var gaps, far uint64
 	for _, i := range g.idx {
 		k := keys[i]
-		if first != nil {
-			if j, seen := first[k.Seq]; seen {
-				switch verdicts[j] {
-				case dedupe.VerdictNew:
-					verdicts[i] = dedupe.VerdictDuplicate
-					if !dedupe.SameFingerprint(keys[j].Fingerprint, k.Fingerprint) {
-						verdicts[i] = dedupe.VerdictMismatch
-					}
-					continue
-				case dedupe.VerdictGap:
-					verdicts[i] = dedupe.VerdictGap
-					gaps++
-					continue
-				}
-				// A repeated duplicate is judged like the first one.
-			} else {
-				first[k.Seq] = i
+		if k.Seq <= cur && k.Seq > g.mark {
+			// Applied earlier in this batch: compare with that message. (In
+			// monotonic mode a seq skipped over is simply a duplicate.)
+			verdicts[i] = dedupe.VerdictDuplicate
+			if j, ok := applied[k.Seq]; ok && !dedupe.SameFingerprint(keys[j].Fingerprint, k.Fingerprint) {
+				verdicts[i] = dedupe.VerdictMismatch
 			}
+			continue
 		}
 		switch {
 		case k.Seq <= cur:
@@ -246,6 +235,12 @@ func (s *Strategy) decide(g *group, keys []dedupe.Key, verdicts []dedupe.Verdict
 		case s.cfg.Mode == Monotonic || k.Seq == cur+1:
 			verdicts[i] = dedupe.VerdictNew
 			cur, curFP = k.Seq, k.Fingerprint
+			if len(g.idx) > 1 {
+				if applied == nil {
+					applied = make(map[int64]int)
+				}
+				applied[k.Seq] = i
+			}
 		default:
 			verdicts[i] = dedupe.VerdictGap
 			gaps++

@@ -9,9 +9,10 @@
 // order: seq <= mark is a duplicate; seq == mark+1 is new and moves the mark
 // in the claiming transaction, together with the message's effect; seq >
 // mark+1 is a gap. Several consecutive seqs of one sender in one batch all
-// apply (1, 2, 3 move the mark to 3). Within a batch keys are taken in batch
-// order, which is the order their handlers run, so a seq that comes before
-// the one that would fill its hole is a gap too.
+// apply (1, 2, 3 move the mark to 3). Within a batch keys are judged in batch
+// order, which is the order their handlers run, exactly as if they had been
+// delivered one by one: a seq that comes before the one that would fill its
+// hole is a gap too.
 //
 // In Monotonic mode, for sequences with holes such as Kafka offsets or SQS
 // FIFO sequence numbers, every seq above the mark is new and moves the mark
