@@ -71,6 +71,7 @@ type Broker struct {
 	lanes []*lane
 	next  int // lane to try first, for fairness
 	epoch int // bumped by Crash: settles of older batches are ignored
+	unacked int
 	wake  chan struct{}
 	stats Stats
 }
@@ -112,6 +113,7 @@ func (b *Broker) Publish(laneIdx int, m consumer.Message) {
 	l.log = append(l.log, e)
 	l.queue = append(l.queue, e)
 	b.stats.Published++
+	b.unacked++
 	b.signal()
 }
 
@@ -145,15 +147,7 @@ func (b *Broker) rewind(l *lane) {
 func (b *Broker) Unacked() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	n := 0
-	for _, l := range b.lanes {
-		for _, e := range l.log {
-			if !e.acked {
-				n++
-			}
-		}
-	}
-	return n
+	return b.unacked
 }
 
 // Idle reports whether every published message was acknowledged and no
@@ -161,14 +155,12 @@ func (b *Broker) Unacked() int {
 func (b *Broker) Idle() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.unacked > 0 {
+		return false
+	}
 	for _, l := range b.lanes {
 		if l.inflight != nil || len(l.queue) > 0 || len(l.delayed) > 0 {
 			return false
-		}
-		for _, e := range l.log {
-			if !e.acked {
-				return false
-			}
 		}
 	}
 	return true
@@ -329,6 +321,7 @@ func (b *Broker) Settle(_ context.Context, batch *consumer.Batch, ack []*consume
 		if !e.acked {
 			e.acked = true
 			b.stats.Acked++
+			b.unacked--
 		}
 	}
 	now := time.Now()

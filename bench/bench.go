@@ -1,0 +1,231 @@
+// Package bench measures the consumer against the two things a team would
+// otherwise use: a naive consumer that commits one transaction per message,
+// and the raw limit of the same rows written with batched SQL and no
+// framework. Every variant writes one marker and one effect row per message
+// into the same database, one after another, so their rates compare.
+//
+// The testing.B functions in this package run each variant; the
+// cmd/benchtable command runs them all side by side and prints the table
+// BENCHMARKS.md shows.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Variant is one way of processing messages.
+type Variant struct {
+	Name  string
+	Batch int
+	// Run processes n new messages and returns how long it took.
+	Run func(ctx context.Context, pool *pgxpool.Pool, n, batch int) (time.Duration, error)
+}
+
+// Variants returns the measured variants in table order.
+func Variants() []Variant {
+	return []Variant{
+		{"naive: one transaction per message", 1, Naive},
+		{"engine, Handler", 1, Engine(false)},
+		{"engine, Handler", 100, Engine(false)},
+		{"engine, Handler", 500, Engine(false)},
+		{"engine, BatchHandler", 100, Engine(true)},
+		{"engine, BatchHandler", 500, Engine(true)},
+		{"raw: unnest markers + effects", 500, Raw},
+	}
+}
+
+// Setup creates the effect table and the library's tables in pool's
+// database, empty.
+func Setup(ctx context.Context, pool *pgxpool.Pool) error {
+	s, err := idset.New(idset.Config{})
+	if err != nil {
+		return err
+	}
+	lines := append(s.Migrations(), consumer.ParkedLine("", ""))
+	if _, err := dedupe.Migrate(ctx, pool, "", lines...); err != nil {
+		return err
+	}
+	_, err = pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS ledger (
+    msg_id  text   NOT NULL,
+    account text   NOT NULL,
+    amount  bigint NOT NULL
+);
+TRUNCATE ledger, effectively.processed, effectively.parked;`)
+	return err
+}
+
+// Reset empties the tables between runs.
+func Reset(ctx context.Context, pool *pgxpool.Pool) error {
+	for _, q := range []string{
+		`TRUNCATE ledger, effectively.processed, effectively.parked`,
+		`VACUUM ANALYZE ledger`,
+		`VACUUM ANALYZE effectively.processed`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func message(i int) (id, account string, amount int64, payload []byte) {
+	id = fmt.Sprintf("transfer-%08d", i)
+	account = fmt.Sprintf("acct-%03d", i%500)
+	amount = int64(i%1000 + 1)
+	payload = fmt.Appendf(nil, `{"id":%q,"account":%q,"amount":%d}`, id, account, amount)
+	return
+}
+
+// Naive is the hand-written consumer: for each message, one transaction that
+// looks up the key, inserts it, applies the effect and commits.
+func Naive(ctx context.Context, pool *pgxpool.Pool, n, _ int) (time.Duration, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Release()
+	start := time.Now()
+	for i := range n {
+		id, account, amount, payload := message(i)
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			var seen bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM effectively.processed WHERE scope = $1 AND id = $2)`, "bench", id).Scan(&seen); err != nil {
+				return err
+			}
+			if seen {
+				return nil
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO effectively.processed (scope, id, fingerprint) VALUES ($1, $2, $3)`, "bench", id, dedupe.Fingerprint(payload)); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO ledger (msg_id, account, amount) VALUES ($1, $2, $3)`, id, account, amount)
+			return err
+		})
+		if err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(start), nil
+}
+
+// Raw writes the same marker and effect rows in batches with two unnest
+// statements per transaction and nothing else: the limit for this schema.
+func Raw(ctx context.Context, pool *pgxpool.Pool, n, batch int) (time.Duration, error) {
+	start := time.Now()
+	for lo := 0; lo < n; lo += batch {
+		hi := min(lo+batch, n)
+		scopes := make([]string, 0, hi-lo)
+		ids := make([]string, 0, hi-lo)
+		fps := make([][]byte, 0, hi-lo)
+		accounts := make([]string, 0, hi-lo)
+		amounts := make([]int64, 0, hi-lo)
+		for i := lo; i < hi; i++ {
+			id, account, amount, payload := message(i)
+			scopes = append(scopes, "bench")
+			ids = append(ids, id)
+			fps = append(fps, dedupe.Fingerprint(payload))
+			accounts = append(accounts, account)
+			amounts = append(amounts, amount)
+		}
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO effectively.processed (scope, id, fingerprint)
+SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[]) ON CONFLICT DO NOTHING`, scopes, ids, fps); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO ledger (msg_id, account, amount)
+SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`, ids, accounts, amounts)
+			return err
+		})
+		if err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(start), nil
+}
+
+type transfer struct {
+	ID      string `json:"id"`
+	Account string `json:"account"`
+	Amount  int64  `json:"amount"`
+}
+
+// Engine runs the consumer with the idset strategy on one lane, with a
+// per-message Handler or a BatchHandler that writes the batch's effects
+// with one unnest statement.
+func Engine(batchHandler bool) func(ctx context.Context, pool *pgxpool.Pool, n, batch int) (time.Duration, error) {
+	return func(ctx context.Context, pool *pgxpool.Pool, n, batch int) (time.Duration, error) {
+		broker := consumertest.New(consumertest.Config{Lanes: 1})
+		for i := range n {
+			id, _, _, payload := message(i)
+			broker.Publish(0, consumer.Message{ID: id, Value: payload})
+		}
+		strategy, err := idset.New(idset.Config{})
+		if err != nil {
+			return 0, err
+		}
+		cfg := consumer.Config{Name: "bench", Strategy: strategy, BatchSize: batch, Concurrency: 1}
+		if batchHandler {
+			cfg.BatchHandler = func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+				ids := make([]string, len(msgs))
+				accounts := make([]string, len(msgs))
+				amounts := make([]int64, len(msgs))
+				for i, m := range msgs {
+					var t transfer
+					if err := json.Unmarshal(m.Value, &t); err != nil {
+						return consumer.Permanent(err)
+					}
+					ids[i], accounts[i], amounts[i] = t.ID, t.Account, t.Amount
+				}
+				_, err := tx.Exec(ctx, `INSERT INTO ledger (msg_id, account, amount)
+SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`, ids, accounts, amounts)
+				return err
+			}
+		} else {
+			cfg.Handler = consumer.JSON(func(ctx context.Context, tx pgx.Tx, m *consumer.Message, t transfer) error {
+				_, err := tx.Exec(ctx, `INSERT INTO ledger (msg_id, account, amount) VALUES ($1, $2, $3)`, t.ID, t.Account, t.Amount)
+				return err
+			})
+		}
+		c, err := consumer.New(pool, broker, cfg)
+		if err != nil {
+			return 0, err
+		}
+		runCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		start := time.Now()
+		done := make(chan error, 1)
+		go func() { done <- c.Run(runCtx) }()
+		for !broker.Idle() {
+			select {
+			case err := <-done:
+				return 0, fmt.Errorf("consumer stopped early: %v", err)
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			case <-time.After(200 * time.Microsecond):
+			}
+		}
+		elapsed := time.Since(start)
+		cancel()
+		if err := <-done; err != nil {
+			return 0, err
+		}
+		var rows int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM ledger`).Scan(&rows); err != nil {
+			return 0, err
+		}
+		if rows != n {
+			return 0, fmt.Errorf("ledger has %d rows after %d messages", rows, n)
+		}
+		return elapsed, nil
+	}
+}

@@ -1,0 +1,59 @@
+package bench_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/effectively-once/effectively/bench"
+	"github.com/effectively-once/effectively/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// BenchmarkVariants runs every variant with b.N messages and reports
+// messages per second. For the side-by-side table, run cmd/benchtable.
+func BenchmarkVariants(b *testing.B) {
+	pool := pgtest.NewPool(b)
+	ctx := context.Background()
+	if err := bench.Setup(ctx, pool); err != nil {
+		b.Fatal(err)
+	}
+	for _, v := range bench.Variants() {
+		b.Run(fmt.Sprintf("%s/batch=%d", v.Name, v.Batch), func(b *testing.B) {
+			if err := bench.Reset(ctx, pool); err != nil {
+				b.Fatal(err)
+			}
+			d, err := v.Run(ctx, pool, b.N, v.Batch)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(b.N)/d.Seconds(), "msgs/s")
+		})
+	}
+}
+
+// TestVariantsAgree checks that every variant writes one ledger row per
+// message, so the benchmark compares equal work.
+func TestVariantsAgree(t *testing.T) {
+	pool := pgtest.NewPool(t)
+	ctx := context.Background()
+	if err := bench.Setup(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range bench.Variants() {
+		if err := bench.Reset(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := v.Run(ctx, pool, 700, v.Batch); err != nil {
+			t.Fatalf("%s: %v", v.Name, err)
+		}
+		var ledger, markers int
+		if err := pool.QueryRow(ctx, `SELECT (SELECT count(DISTINCT msg_id) FROM ledger), (SELECT count(*) FROM effectively.processed)`).Scan(&ledger, &markers); err != nil {
+			t.Fatal(err)
+		}
+		if ledger != 700 || markers != 700 {
+			t.Errorf("%s batch %d: %d ledger rows, %d markers; want 700 each", v.Name, v.Batch, ledger, markers)
+		}
+	}
+}
