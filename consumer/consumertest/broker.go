@@ -65,15 +65,15 @@ type batchData struct {
 
 // Broker is an in-memory consumer.Source. It is safe for concurrent use.
 type Broker struct {
-	cfg   Config
-	mu    sync.Mutex
-	rng   *rand.Rand
-	lanes []*lane
-	next  int // lane to try first, for fairness
-	epoch int // bumped by Crash: settles of older batches are ignored
+	cfg     Config
+	mu      sync.Mutex
+	rng     *rand.Rand
+	lanes   []*lane
+	next    int // lane to try first, for fairness
+	epoch   int // bumped by Crash: settles of older batches are ignored
 	unacked int
-	wake  chan struct{}
-	stats Stats
+	wake    chan struct{}
+	stats   Stats
 }
 
 var _ consumer.Source = (*Broker)(nil)
