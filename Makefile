@@ -1,0 +1,36 @@
+# effectively: common tasks. `make test` is what CI runs.
+
+GO        ?= go
+STATICCHECK_VERSION ?= v0.8.2
+FAUXQS    := internal/fauxqs/node_modules/.package-lock.json
+
+.PHONY: test test-race test-short bench lint demo deps
+
+## test: the whole suite with the race detector (starts its own PostgreSQL, Kafka and SQS peers)
+test: test-race
+
+test-race: deps
+	$(GO) test -race -count=1 -timeout 30m ./...
+
+## test-short: a quicker pass while iterating
+test-short: deps
+	$(GO) test -short -count=1 ./...
+
+## deps: the pinned SQS emulator used by the tests
+deps: $(FAUXQS)
+
+$(FAUXQS): internal/fauxqs/package.json internal/fauxqs/package-lock.json
+	npm ci --prefix internal/fauxqs --no-audit --no-fund
+
+## bench: the engine side by side with a naive consumer and raw SQL (see BENCHMARKS.md)
+bench:
+	$(GO) run ./bench/cmd/benchtable
+
+## lint: go vet and staticcheck
+lint:
+	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+
+## demo: the quickstart ledger demo
+demo:
+	$(GO) run ./examples/quickstart

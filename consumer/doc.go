@@ -1,0 +1,40 @@
+// Package consumer runs the effectively-once loop: it fetches a batch of
+// messages from one lane of a Source, derives each message's dedupe key,
+// and in one PostgreSQL transaction claims the keys with a dedupe.Strategy,
+// runs the handler for every new message, parks what cannot be applied, and
+// commits. Only then does it acknowledge the batch to the source.
+//
+// # The promise
+//
+// For every message a source delivers, exactly one of these becomes durable,
+// in the same transaction as the handler's writes: applied (the handler ran
+// and its effect committed with the marker), duplicate (a marker already
+// existed, nothing ran) or parked (the whole message sits in the parked
+// table with the reason). A crash at any point leads to redelivery, and
+// redelivery leads to duplicate. A handler error never leaves a marker.
+//
+// # Batches and failures
+//
+// The happy path is one claim statement for the batch, the handler's own
+// statements, and one commit: the framework adds no round trip per message.
+// When a handler fails, the transaction rolls back and the batch runs again
+// without the failed message; if failures keep coming, they are isolated
+// under savepoints (one per message for a Handler, by bisection for a
+// BatchHandler), so the rest of the batch still commits. A failed message
+// goes back to its source with exponential backoff and jitter, and is parked
+// after Config.MaxAttempts, or at once when its error is Permanent (a
+// payload the handler cannot decode, say).
+//
+// Messages without a usable key (missing, empty, too long, not valid text,
+// or a KeyFunc error) are parked with reason invalid_key; they never stop
+// the loop. A handler panic is recovered and treated as a failure.
+//
+// # Lanes and shutdown
+//
+// Lanes (Kafka partitions, SQS receivers or FIFO groups) run in parallel,
+// up to Config.Concurrency at a time, and in order within a lane. When Run's
+// context is done, batches in flight commit or roll back and are settled
+// with the source before Run returns, within Config.ShutdownTimeout.
+//
+// Package consumertest provides an in-memory at-least-once broker for tests.
+package consumer
