@@ -16,7 +16,9 @@ import (
 // share one snapshot, so "existing" sees exactly the rows committed before
 // the statement began, never the ones it inserts. A key that is neither
 // inserted nor existing conflicted with a marker committed by a concurrent
-// transaction while this statement waited for it.
+// transaction while this statement waited for it. The LIMIT keeps the
+// lookup of existing markers a probe of the primary key per key, whatever
+// the planner believes about the table's size.
 func claimSQL(table string) string {
 	return `WITH input AS (
     SELECT u.scope, u.id, u.fingerprint, u.ord
@@ -27,10 +29,14 @@ func claimSQL(table string) string {
     ON CONFLICT (scope, id) DO NOTHING
     RETURNING scope, id
 )
-SELECT input.ord, inserted.id IS NOT NULL, existing.id IS NOT NULL, existing.fingerprint
+SELECT input.ord, inserted.id IS NOT NULL, existing.found IS NOT NULL, existing.fingerprint
 FROM input
 LEFT JOIN inserted ON inserted.scope = input.scope AND inserted.id = input.id
-LEFT JOIN ` + table + ` AS existing ON existing.scope = input.scope AND existing.id = input.id`
+LEFT JOIN LATERAL (
+    SELECT true AS found, m.fingerprint FROM ` + table + ` AS m
+    WHERE m.scope = input.scope AND m.id = input.id
+    LIMIT 1
+) AS existing ON true`
 }
 
 // fetchSQL reads the fingerprints of markers committed concurrently with a
