@@ -43,8 +43,8 @@
 // only, so storage stays O(senders). A redelivery of exactly that seq with
 // another fingerprint is VerdictMismatch; an older seq is always
 // VerdictDuplicate, whatever its fingerprint, since its fingerprint is no
-// longer stored. Within one batch, a repeated key is compared with its first
-// occurrence.
+// longer stored. Within one batch, a repeated seq is compared with the
+// message that applied it earlier in the batch.
 //
 // # Cache
 //
