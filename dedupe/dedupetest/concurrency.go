@@ -6,8 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/effectively-once/effectively/dedupe"
 )
 
@@ -27,56 +25,29 @@ func testSecondClaimerWaits(e *env) {
 		if err != nil {
 			e.Fatal(err)
 		}
+		defer func() { _ = tx1.Rollback(ctx) }() // after a failure
 		v1, err := e.claimTx(ctx, tx1, ks)
 		if err != nil {
-			_ = tx1.Rollback(ctx)
 			e.Fatalf("first claim: %v", err)
 		}
 		e.expect("first claim", ks, v1, newV, newV, newV)
 
-		type result struct {
-			tx  pgx.Tx
-			vs  []dedupe.Verdict
-			err error
-		}
-		done := make(chan result, 1)
-		go func() {
-			tx2, err := e.pool.Begin(ctx)
-			if err != nil {
-				done <- result{err: err}
-				return
-			}
-			vs, err := e.claimTx(ctx, tx2, ks)
-			done <- result{tx: tx2, vs: vs, err: err}
-		}()
+		second := e.claimInBackground(ctx, ks)
+		defer second.abandon()
 
 		// Wait until the second claim waits on a lock (or returns early,
 		// which breaks the contract).
-		var r result
-		returned := false
 		deadline := time.Now().Add(10 * time.Second)
-		for !returned {
+		for !e.waitingOnLock(ctx) {
 			select {
-			case r = <-done:
-				returned = true
-				continue
+			case r := <-second.result:
+				e.Fatalf("a claim of keys claimed by an open transaction returned %v, %v without waiting for it", r.vs, r.err)
 			default:
 			}
-			if e.waitingOnLock(ctx) {
-				break
-			}
 			if time.Now().After(deadline) {
-				_ = tx1.Rollback(ctx)
 				e.Fatal("the second claim neither returned nor waited on a lock within 10s")
 			}
 			time.Sleep(2 * time.Millisecond)
-		}
-		if returned {
-			if r.tx != nil {
-				_ = r.tx.Rollback(ctx)
-			}
-			_ = tx1.Rollback(ctx)
-			e.Fatalf("a claim of keys claimed by an open transaction returned %v, %v without waiting for it", r.vs, r.err)
 		}
 
 		if commit {
@@ -87,11 +58,8 @@ func testSecondClaimerWaits(e *env) {
 		} else {
 			_ = tx1.Rollback(ctx)
 		}
-		r = <-done
+		r := <-second.result
 		if r.err != nil {
-			if r.tx != nil {
-				_ = r.tx.Rollback(ctx)
-			}
 			e.Fatalf("second claim: %v", r.err)
 		}
 		if commit {
@@ -99,11 +67,62 @@ func testSecondClaimerWaits(e *env) {
 		} else {
 			e.expect("second claim after the first rolled back", ks, r.vs, newV, newV, newV)
 		}
-		if err := r.tx.Commit(ctx); err != nil {
+		if err := second.end(true); err != nil {
 			e.Fatal(err)
 		}
 		e.committed(ks, r.vs)
 		e.expect("after both", ks, e.claimRollback(ks), dup, dup, dup)
+	}
+}
+
+// background is a claim running in a transaction of its own in another
+// goroutine.
+type background struct {
+	result chan claimResult // the claim's outcome
+	finish chan bool        // true: commit; false: roll back
+	ended  chan error       // the commit's error
+}
+
+type claimResult struct {
+	vs  []dedupe.Verdict
+	err error
+}
+
+// claimInBackground begins a transaction and claims keys in it, in another
+// goroutine. The transaction stays open until end is called.
+func (e *env) claimInBackground(ctx context.Context, keys []dedupe.Key) *background {
+	b := &background{result: make(chan claimResult, 1), finish: make(chan bool, 1), ended: make(chan error, 1)}
+	go func() {
+		tx, err := e.pool.Begin(ctx)
+		if err != nil {
+			b.result <- claimResult{err: err}
+			<-b.finish
+			b.ended <- err
+			return
+		}
+		vs, err := e.claimTx(ctx, tx, keys)
+		b.result <- claimResult{vs, err}
+		if commit := <-b.finish; commit && err == nil {
+			b.ended <- tx.Commit(ctx)
+			return
+		}
+		_ = tx.Rollback(ctx)
+		b.ended <- nil
+	}()
+	return b
+}
+
+// end commits or rolls back the background transaction and waits for it.
+func (b *background) end(commit bool) error {
+	b.finish <- commit
+	return <-b.ended
+}
+
+// abandon rolls the background transaction back unless end was called.
+func (b *background) abandon() {
+	select {
+	case b.finish <- false:
+	default:
 	}
 }
 
