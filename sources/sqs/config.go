@@ -1,0 +1,194 @@
+package sqs
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/effectively-once/effectively/consumer"
+)
+
+// DefaultIDAttribute is the message attribute that carries a standard
+// queue's dedupe ID unless Config.IDAttribute says otherwise.
+const DefaultIDAttribute = "idempotency-key"
+
+// Limits SQS puts on the values below.
+const (
+	maxPerReceive     = 10
+	maxWait           = 20 * time.Second
+	maxVisibility     = 12 * time.Hour
+	defaultVisibility = 30 * time.Second
+)
+
+// Config configures a Source. Only one of QueueURL and QueueName is required;
+// every other field's zero value is a usable default.
+type Config struct {
+	// QueueURL is the queue's URL. Either it or QueueName is required.
+	QueueURL string
+	// QueueName is the queue's name, looked up with GetQueueUrl when
+	// QueueURL is empty.
+	QueueName string
+
+	// Client is the SQS client to use. Defaults to a client built from the
+	// AWS default configuration chain (environment, shared config and
+	// credentials files, instance roles), with Region and Endpoint applied.
+	Client *sqs.Client
+	// Region overrides the region of the default configuration chain. Only
+	// used when Client is nil. Defaults to the chain's region, which must then
+	// be set.
+	Region string
+	// Endpoint overrides the SQS endpoint (the SDK's BaseEndpoint), for an
+	// emulator or a VPC endpoint. Only used when Client is nil. Defaults to
+	// the region's public endpoint.
+	Endpoint string
+
+	// Receivers is how many goroutines long-poll the queue at once. On a
+	// standard queue each receiver is one lane. Defaults to 4.
+	Receivers int
+	// MaxMessages is the most messages one ReceiveMessage call asks for,
+	// between 1 and 10. Defaults to 10.
+	MaxMessages int
+	// WaitTime is the long-polling wait of one ReceiveMessage call, in whole
+	// seconds up to 20s. Defaults to 20s. Set NoWait for short polling.
+	WaitTime time.Duration
+	// NoWait turns long polling off (WaitTime 0). Defaults to false.
+	NoWait bool
+	// VisibilityTimeout is asked for on every receive and renewed by the
+	// heartbeat while the source holds a message: how long a message stays
+	// hidden from other workers if this one stops heartbeating (crashes).
+	// Whole seconds between 1s and 12h. Defaults to 30s.
+	VisibilityTimeout time.Duration
+	// HeartbeatInterval is how often the visibility of held messages is
+	// renewed. It must be shorter than VisibilityTimeout, with room for a
+	// round trip. Defaults to a third of VisibilityTimeout.
+	HeartbeatInterval time.Duration
+	// BufferSize is the most received messages one receiver holds before the
+	// consumer fetches them; the receiver pauses while it is full. Held
+	// messages are kept invisible by the heartbeat. Defaults to 100.
+	BufferSize int
+
+	// IDAttribute is the message attribute whose value is the default dedupe
+	// ID on a standard queue. A message without it falls back to its SQS
+	// MessageId, which only recognises redeliveries of the same SQS message,
+	// not a producer sending the same thing twice. Defaults to
+	// "idempotency-key". FIFO queues use the MessageDeduplicationId.
+	IDAttribute string
+	// RequireIDAttribute makes a standard-queue message without IDAttribute
+	// (or with an empty one) unreadable instead of falling back to the
+	// MessageId: it is parked with the reason when the consumer's KeyFunc is
+	// wrapped with KeyFunc. Defaults to false.
+	RequireIDAttribute bool
+	// SNSEnvelope unwraps SNS notifications (SNS to SQS subscriptions without
+	// raw message delivery): Message.Value is the notification's Message, the
+	// headers include its MessageAttributes, and the default dedupe ID on a
+	// standard queue is the IDAttribute among those, else the SNS MessageId.
+	// A body that is not an SNS envelope is unreadable (see KeyFunc).
+	// Defaults to false.
+	SNSEnvelope bool
+
+	// UseQueueRedrive leaves messages whose attempts are used up to the
+	// queue's redrive policy (its dead-letter queue) rather than to the
+	// consumer, which would park them in Postgres. It requires the queue to
+	// have a RedrivePolicy, and the consumer's MaxAttempts must be greater
+	// than the policy's maxReceiveCount (see MaxReceiveCount), so the consumer
+	// keeps retrying until SQS moves the message. Defaults to false: the
+	// consumer parks exhausted messages and they are deleted.
+	UseQueueRedrive bool
+
+	// Logger receives the source's logs. Defaults to discarding them.
+	Logger *slog.Logger
+}
+
+// ErrInvalidConfig is matched by every error New returns for a bad Config.
+// errors.Is(err, consumer.ErrInvalidConfig) holds for them too.
+var ErrInvalidConfig = errors.New("sqs: invalid config")
+
+// ConfigError reports a bad Config value.
+type ConfigError struct {
+	Field  string
+	Reason string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("sqs: invalid config: %s: %s", e.Field, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrInvalidConfig) and
+// errors.Is(err, consumer.ErrInvalidConfig) true.
+func (e *ConfigError) Is(target error) bool {
+	return target == ErrInvalidConfig || target == consumer.ErrInvalidConfig
+}
+
+func (c Config) withDefaults() Config {
+	if c.Receivers == 0 {
+		c.Receivers = 4
+	}
+	if c.MaxMessages == 0 {
+		c.MaxMessages = maxPerReceive
+	}
+	if c.WaitTime == 0 && !c.NoWait {
+		c.WaitTime = maxWait
+	}
+	if c.NoWait {
+		c.WaitTime = 0
+	}
+	if c.VisibilityTimeout == 0 {
+		c.VisibilityTimeout = defaultVisibility
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = c.VisibilityTimeout / 3
+	}
+	if c.BufferSize == 0 {
+		c.BufferSize = 100
+	}
+	if c.IDAttribute == "" {
+		c.IDAttribute = DefaultIDAttribute
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return c
+}
+
+// minHeartbeatMargin is the least time a heartbeat leaves between its
+// renewal and the visibility deadline, for the round trip.
+const minHeartbeatMargin = 500 * time.Millisecond
+
+func (c Config) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+	}
+	whole := func(d time.Duration) bool { return d%time.Second == 0 }
+	switch {
+	case c.QueueURL == "" && c.QueueName == "":
+		return bad("QueueURL", "one of QueueURL and QueueName is required")
+	case c.QueueURL != "" && c.QueueName != "":
+		return bad("QueueURL", "set only one of QueueURL and QueueName")
+	case c.QueueURL != "" && !strings.Contains(c.QueueURL, "://"):
+		return bad("QueueURL", "%q is not a URL (did you mean QueueName?)", c.QueueURL)
+	case c.Client != nil && (c.Region != "" || c.Endpoint != ""):
+		return bad("Client", "Region and Endpoint only apply when Client is nil; configure the client instead")
+	case c.Endpoint != "" && !strings.Contains(c.Endpoint, "://"):
+		return bad("Endpoint", "%q is not a URL such as http://localhost:4566", c.Endpoint)
+	case c.Receivers < 0:
+		return bad("Receivers", "must be at least 1, got %d", c.Receivers)
+	case c.MaxMessages < 0 || c.MaxMessages > maxPerReceive:
+		return bad("MaxMessages", "must be between 1 and %d, got %d", maxPerReceive, c.MaxMessages)
+	case c.WaitTime < 0 || c.WaitTime > maxWait || !whole(c.WaitTime):
+		return bad("WaitTime", "must be whole seconds from 1s to %s, got %s", maxWait, c.WaitTime)
+	case c.VisibilityTimeout < time.Second || c.VisibilityTimeout > maxVisibility || !whole(c.VisibilityTimeout):
+		return bad("VisibilityTimeout", "must be whole seconds from 1s to %s, got %s", maxVisibility, c.VisibilityTimeout)
+	case c.HeartbeatInterval <= 0:
+		return bad("HeartbeatInterval", "must be positive, got %s", c.HeartbeatInterval)
+	case c.HeartbeatInterval > c.VisibilityTimeout-minHeartbeatMargin:
+		return bad("HeartbeatInterval", "%s cannot beat the visibility timeout of %s: it must be shorter by at least %s, so a renewal arrives before messages become visible again",
+			c.HeartbeatInterval, c.VisibilityTimeout, minHeartbeatMargin)
+	case c.BufferSize < 0:
+		return bad("BufferSize", "must be at least 1, got %d", c.BufferSize)
+	}
+	return nil
+}

@@ -1,0 +1,98 @@
+// Package sqs is a consumer.Source that reads an Amazon SQS queue with
+// aws-sdk-go-v2.
+//
+// # Receiving
+//
+// Config.Receivers goroutines long-poll the queue (ReceiveMessage with up to
+// ten messages and Config.WaitTime) and hold what they receive until the
+// consumer fetches it; a receiver pauses while it holds Config.BufferSize
+// unfetched messages. Receiving starts with the first Fetch.
+//
+// Lanes: on a standard queue every receiver is a lane. On a FIFO queue every
+// message group is a lane, so a group never has more than one batch in
+// flight and its messages are handled in order, while different groups are
+// handled in parallel. A batch holds messages of one lane only.
+//
+// # Visibility
+//
+// Every receive asks for Config.VisibilityTimeout. While the source holds a
+// message (from its receive, through the consumer's transaction, until
+// Settle), a heartbeat renews its visibility with ChangeMessageVisibilityBatch
+// every Config.HeartbeatInterval at most, so a handler slower than the
+// visibility timeout does not see its message delivered to another worker.
+// If the process dies, renewals stop and the message reappears after at
+// most one visibility timeout.
+//
+// # Settling
+//
+// Settle deletes the acknowledged messages with DeleteMessageBatch, ten at a
+// time, after the consumer's transaction committed. Entries that fail for a
+// reason other than the sender's fault are retried; those still failing are
+// reported as a *DeleteError and logged. Nothing is lost: their effects
+// committed, and when SQS delivers them again the dedupe strategy recognises
+// them and they are deleted then.
+//
+// A retried message is handed back with ChangeMessageVisibility set to the
+// consumer's delay (rounded up to whole seconds), and its next delivery
+// reports Message.Attempt from SQS's ApproximateReceiveCount, which counts
+// every receive, including those after a crash. An abandoned message (in
+// neither list) is only no longer renewed, and reappears when its
+// visibility timeout runs out. On a FIFO queue a retried or abandoned
+// message also hands back the messages of its group received after it, so
+// SQS delivers the group again in order.
+//
+// # Exhausted messages
+//
+// By default the consumer parks a message whose attempts are used up (in
+// Postgres, with the reason) and the source deletes it. With
+// Config.UseQueueRedrive the queue's own redrive policy decides instead: New
+// requires the queue to have one, and the consumer's MaxAttempts must be set
+// above its maxReceiveCount (see Source.MaxReceiveCount), so the consumer
+// keeps handing the message back until SQS moves it to the dead-letter
+// queue. New logs at start-up which of the two applies, and warns when a
+// queue without UseQueueRedrive has a redrive policy that could move messages
+// before the consumer parks them.
+//
+// # Dedupe IDs
+//
+// Message.ID, the default dedupe ID (consumer.DefaultKey uses it), is:
+//
+//   - on a FIFO queue, the MessageDeduplicationId (explicit, or the
+//     content hash SQS computed for content-based deduplication);
+//   - on a standard queue, the message attribute Config.IDAttribute
+//     ("idempotency-key" unless configured), which the producer sets to the
+//     same value when it sends the same logical message twice;
+//   - else, for an unwrapped SNS notification, the SNS MessageId;
+//   - else the SQS MessageId. Beware: a MessageId only recognises a
+//     redelivery of the same stored SQS message. A producer that sends the
+//     same thing twice makes two MessageIds, and both are applied. Give such
+//     producers an idempotency-key attribute, set Config.RequireIDAttribute,
+//     or derive the key from the payload with the consumer's KeyFunc
+//     (consumer.JSONField, say).
+//
+// Message.Ref is the SQS MessageId, Message.Lane the lane, Message.Attempt
+// the ApproximateReceiveCount, Message.Time the SentTimestamp, and
+// Message.Headers the message attributes (string and number attributes as
+// their text, binary ones as their bytes). MessageInfo returns the rest of
+// what SQS said (group, sequence number, SNS topic).
+//
+// # SNS envelopes and unreadable messages
+//
+// With Config.SNSEnvelope the body is an SNS notification (an SNS to SQS
+// subscription without raw message delivery): Message.Value is its Message,
+// its MessageAttributes come first in Message.Headers, and its MessageId is
+// the fallback dedupe ID. A body that is not such an envelope (not JSON, or
+// JSON without MessageId and Message) cannot be keyed: the source delivers
+// it with an empty Message.ID, logs a warning, and records an
+// *UnreadableError. Wrap the consumer's KeyFunc with KeyFunc so the consumer
+// parks the message with that reason; the receivers go on. A standard-queue
+// message without the ID attribute under Config.RequireIDAttribute is
+// treated the same way.
+//
+// # Horizon
+//
+// Source implements consumer.HorizonSource: RedeliveryHorizon is the queue's
+// MessageRetentionPeriod, read by New, which is how long a message processed
+// but not deleted can come back. The dedupe strategy's retention should be
+// longer.
+package sqs

@@ -1,0 +1,430 @@
+package sqs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/effectively-once/effectively/consumer"
+)
+
+// ErrClosed is returned by Fetch after Close.
+var ErrClosed = errors.New("sqs: source closed")
+
+// Source is a consumer.Source (and consumer.HorizonSource) reading one SQS
+// queue. See the package documentation.
+type Source struct {
+	cfg    Config
+	client *sqs.Client
+	url    string
+	log    *slog.Logger
+
+	fifo            bool
+	retention       time.Duration
+	maxReceiveCount int
+	deadLetterARN   string
+
+	startOnce  sync.Once
+	ctx        context.Context // the heartbeat's
+	cancel     context.CancelFunc
+	recvCtx    context.Context // the receivers': only cancelled if they overrun Close
+	recvCancel context.CancelFunc
+	recvWG     sync.WaitGroup
+	hbWG       sync.WaitGroup
+
+	mu       sync.Mutex
+	wake     chan struct{} // closed and replaced whenever the state below changes
+	closed   bool
+	lanes    map[string]*lane
+	ready    []*lane
+	held     map[*entry]struct{} // received and not yet settled: the heartbeat renews them
+	buffered []int               // per receiver: received and not yet fetched
+
+	stats counters
+}
+
+// lane is an ordered stream of held messages: a receiver of a standard
+// queue, or a message group of a FIFO queue.
+type lane struct {
+	name     string
+	pending  []*entry // received, not yet fetched, in order
+	inFlight *consumer.Batch
+	queued   bool // in Source.ready
+}
+
+var (
+	_ consumer.Source        = (*Source)(nil)
+	_ consumer.HorizonSource = (*Source)(nil)
+)
+
+// New checks cfg, looks the queue up (its URL, whether it is FIFO, its
+// retention and redrive policy) and returns a Source. Receiving starts with
+// the first Fetch; call Close when done.
+func New(ctx context.Context, cfg Config) (*Source, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	client := cfg.Client
+	if client == nil {
+		var opts []func(*awsconfig.LoadOptions) error
+		if cfg.Region != "" {
+			opts = append(opts, awsconfig.WithRegion(cfg.Region))
+		}
+		awsCfg, err := awsconfig.LoadDefaultConfig(ctx, opts...)
+		if err != nil {
+			return nil, fmt.Errorf("sqs: load AWS configuration: %w", err)
+		}
+		if awsCfg.Region == "" {
+			return nil, &ConfigError{Field: "Region", Reason: "not set, and the AWS default configuration chain has none (set AWS_REGION or Config.Region)"}
+		}
+		client = sqs.NewFromConfig(awsCfg, func(o *sqs.Options) {
+			if cfg.Endpoint != "" {
+				o.BaseEndpoint = aws.String(cfg.Endpoint)
+			}
+		})
+	}
+	s := &Source{
+		cfg:    cfg,
+		client: client,
+		url:    cfg.QueueURL,
+		log:    cfg.Logger,
+		wake:   make(chan struct{}),
+		lanes:  map[string]*lane{},
+		held:   map[*entry]struct{}{},
+	}
+	if s.url == "" {
+		out, err := client.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String(cfg.QueueName)})
+		if err != nil {
+			return nil, fmt.Errorf("sqs: look up queue %q: %w", cfg.QueueName, err)
+		}
+		s.url = aws.ToString(out.QueueUrl)
+	}
+	if err := s.readAttributes(ctx); err != nil {
+		return nil, err
+	}
+	if cfg.UseQueueRedrive && s.maxReceiveCount == 0 {
+		return nil, &ConfigError{Field: "UseQueueRedrive", Reason: fmt.Sprintf("queue %s has no RedrivePolicy to leave exhausted messages to", s.url)}
+	}
+	if !s.fifo {
+		for i := 0; i < cfg.Receivers; i++ {
+			name := "receiver/" + strconv.Itoa(i)
+			s.lanes[name] = &lane{name: name}
+		}
+	}
+	s.buffered = make([]int, cfg.Receivers)
+	s.logStart()
+	return s, nil
+}
+
+func (s *Source) readAttributes(ctx context.Context) error {
+	out, err := s.client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
+		QueueUrl: aws.String(s.url),
+		AttributeNames: []types.QueueAttributeName{
+			types.QueueAttributeNameMessageRetentionPeriod,
+			types.QueueAttributeNameFifoQueue,
+			types.QueueAttributeNameRedrivePolicy,
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("sqs: read attributes of queue %s: %w", s.url, err)
+	}
+	a := out.Attributes
+	s.fifo = a[string(types.QueueAttributeNameFifoQueue)] == "true" || strings.HasSuffix(s.url, ".fifo")
+	if v := a[string(types.QueueAttributeNameMessageRetentionPeriod)]; v != "" {
+		secs, err := strconv.Atoi(v)
+		if err != nil {
+			return fmt.Errorf("sqs: queue %s: MessageRetentionPeriod %q is not a number", s.url, v)
+		}
+		s.retention = time.Duration(secs) * time.Second
+	} else {
+		s.retention = 4 * 24 * time.Hour // the SQS default
+	}
+	if v := a[string(types.QueueAttributeNameRedrivePolicy)]; v != "" {
+		var p struct {
+			DeadLetterTargetArn string
+			MaxReceiveCount     json.RawMessage
+		}
+		if err := json.Unmarshal([]byte(v), &p); err != nil {
+			return fmt.Errorf("sqs: queue %s: RedrivePolicy is not JSON: %w", s.url, err)
+		}
+		n, err := strconv.Atoi(strings.Trim(string(p.MaxReceiveCount), `"`))
+		if err != nil || n < 1 {
+			return fmt.Errorf("sqs: queue %s: RedrivePolicy maxReceiveCount %s is not a positive number", s.url, p.MaxReceiveCount)
+		}
+		s.maxReceiveCount, s.deadLetterARN = n, p.DeadLetterTargetArn
+	}
+	return nil
+}
+
+func (s *Source) logStart() {
+	kind := "standard"
+	if s.fifo {
+		kind = "fifo"
+	}
+	s.log.Info("sqs: source ready", "queue", s.url, "kind", kind, "receivers", s.cfg.Receivers,
+		"visibility_timeout", s.cfg.VisibilityTimeout, "heartbeat", s.cfg.HeartbeatInterval,
+		"wait", s.cfg.WaitTime, "retention", s.retention)
+	switch {
+	case s.cfg.UseQueueRedrive:
+		s.log.Info("sqs: exhausted messages are left to the queue's redrive policy; set the consumer's MaxAttempts above maxReceiveCount",
+			"max_receive_count", s.maxReceiveCount, "dead_letter_queue", s.deadLetterARN)
+	case s.maxReceiveCount > 0:
+		s.log.Warn("sqs: exhausted messages are parked in Postgres by the consumer and deleted, but the queue also has a redrive policy: keep the consumer's MaxAttempts below maxReceiveCount, or messages reach the dead-letter queue first",
+			"max_receive_count", s.maxReceiveCount, "dead_letter_queue", s.deadLetterARN)
+	default:
+		s.log.Info("sqs: exhausted messages are parked in Postgres by the consumer and deleted")
+	}
+}
+
+// QueueURL returns the queue's URL.
+func (s *Source) QueueURL() string { return s.url }
+
+// FIFO reports whether the queue is a FIFO queue.
+func (s *Source) FIFO() bool { return s.fifo }
+
+// MaxReceiveCount returns the maxReceiveCount of the queue's redrive
+// policy, or 0 if it has none. With Config.UseQueueRedrive, set the
+// consumer's MaxAttempts above it.
+func (s *Source) MaxReceiveCount() int { return s.maxReceiveCount }
+
+// RedeliveryHorizon returns the queue's message retention period: a message
+// received, processed and not deleted (a crash before the delete) can be
+// delivered again until then.
+func (s *Source) RedeliveryHorizon() time.Duration { return s.retention }
+
+// broadcast wakes every goroutine waiting for a change. s.mu must be held.
+func (s *Source) broadcast() {
+	close(s.wake)
+	s.wake = make(chan struct{})
+}
+
+// enqueue marks l ready to be fetched if it can be. s.mu must be held.
+func (s *Source) enqueue(l *lane) {
+	if !l.queued && l.inFlight == nil && len(l.pending) > 0 {
+		l.queued = true
+		s.ready = append(s.ready, l)
+	}
+}
+
+func (s *Source) start() {
+	s.startOnce.Do(func() {
+		s.ctx, s.cancel = context.WithCancel(context.Background())
+		s.recvCtx, s.recvCancel = context.WithCancel(context.Background())
+		for i := 0; i < s.cfg.Receivers; i++ {
+			s.recvWG.Add(1)
+			go s.receive(i)
+		}
+		s.hbWG.Add(1)
+		go s.heartbeat()
+	})
+}
+
+// Fetch returns up to max held messages of one lane that has no batch in
+// flight, in lane order, waiting for messages to arrive if there are none.
+func (s *Source) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
+	if max <= 0 {
+		max = maxPerReceive
+	}
+	s.start()
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return nil, ErrClosed
+		}
+		for len(s.ready) > 0 {
+			l := s.ready[0]
+			s.ready[0] = nil
+			s.ready = s.ready[1:]
+			l.queued = false
+			if l.inFlight != nil || len(l.pending) == 0 {
+				continue
+			}
+			n := min(max, len(l.pending))
+			b := &consumer.Batch{Lane: l.name, Messages: make([]*consumer.Message, n), SourceData: l}
+			for i, e := range l.pending[:n] {
+				b.Messages[i] = e.msg
+				s.buffered[e.recv]--
+			}
+			l.pending = append([]*entry(nil), l.pending[n:]...)
+			l.inFlight = b
+			s.broadcast()
+			s.mu.Unlock()
+			return b, nil
+		}
+		wake := s.wake
+		s.mu.Unlock()
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// settleTimeout bounds the deletes and visibility changes of one Settle; it
+// runs even when Settle's context is done, since a delete that is skipped
+// costs a redelivery.
+const settleTimeout = 30 * time.Second
+
+// Settle deletes the acknowledged messages (DeleteMessageBatch, failed
+// entries retried), hands the retried ones back with their delay as
+// visibility timeout, and stops renewing the visibility of the abandoned
+// ones, which reappear when it runs out. On a FIFO queue, a batch with a
+// retried or abandoned message also releases the group's messages received
+// after it, so the group is delivered again in order.
+func (s *Source) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.Message, retry []consumer.Retry) error {
+	l, ok := b.SourceData.(*lane)
+	if !ok {
+		return errors.New("sqs: Settle: batch did not come from this source")
+	}
+	inBatch := make(map[*entry]bool, len(b.Messages))
+	for _, m := range b.Messages {
+		if e, ok := m.SourceData.(*entry); ok {
+			inBatch[e] = true
+		}
+	}
+	var acked []*entry
+	for _, m := range ack {
+		if e, ok := m.SourceData.(*entry); ok && inBatch[e] {
+			acked = append(acked, e)
+			delete(inBatch, e)
+		}
+	}
+	var retried []visibilityChange
+	var maxDelay time.Duration
+	for _, r := range retry {
+		if e, ok := r.Message.SourceData.(*entry); ok && inBatch[e] {
+			retried = append(retried, visibilityChange{e: e, timeout: r.Delay})
+			maxDelay = max(maxDelay, r.Delay)
+			delete(inBatch, e)
+		}
+	}
+	abandoned := len(inBatch)
+
+	s.mu.Lock()
+	if l.inFlight != b {
+		s.mu.Unlock()
+		return errors.New("sqs: Settle: batch is not in flight (settled twice?)")
+	}
+	l.inFlight = nil
+	for _, m := range b.Messages {
+		delete(s.held, m.SourceData.(*entry))
+	}
+	var released []*entry
+	if s.fifo && (len(retried) > 0 || abandoned > 0) && len(l.pending) > 0 {
+		released = l.pending
+		l.pending = nil
+		for _, e := range released {
+			delete(s.held, e)
+			s.buffered[e.recv]--
+		}
+	}
+	if len(l.pending) > 0 {
+		s.enqueue(l)
+	} else if s.fifo {
+		delete(s.lanes, l.name)
+	}
+	s.broadcast()
+	s.mu.Unlock()
+
+	// Wait for any renewal in progress, and stop further ones.
+	for _, m := range b.Messages {
+		m.SourceData.(*entry).markSettled()
+	}
+	for _, e := range released {
+		e.markSettled()
+		if len(retried) > 0 {
+			// Later messages of the group come back no earlier than the
+			// retried one before them. After an abandon they simply run out
+			// their visibility timeout together with it.
+			retried = append(retried, visibilityChange{e: e, timeout: maxDelay})
+		}
+	}
+	s.stats.retried.Add(int64(len(retry)))
+	s.stats.abandoned.Add(int64(abandoned))
+	s.stats.released.Add(int64(len(released)))
+
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	var errs []error
+	if err := s.changeVisibility(ctx, retried); err != nil {
+		errs = append(errs, fmt.Errorf("sqs: hand back %d retried messages: %w", len(retried), err))
+	}
+	if err := s.deleteMessages(ctx, acked); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (e *entry) markSettled() {
+	e.mu.Lock()
+	e.settled = true
+	e.mu.Unlock()
+}
+
+// Close stops receiving and renewing visibility, and hands back at once
+// the messages that were received but never fetched. It lets the long polls
+// in progress end rather than cancelling them (a cancelled long poll can
+// still take messages on the server side, which would then stay invisible
+// for a visibility timeout), so it can take up to Config.WaitTime. Batches
+// still in flight can be settled after Close; their messages are no longer
+// renewed.
+func (s *Source) Close() error {
+	s.startOnce.Do(func() { // never start after Close
+		s.cancel, s.recvCancel = func() {}, func() {}
+	})
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.broadcast()
+	s.mu.Unlock()
+
+	done := make(chan struct{})
+	go func() { s.recvWG.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(s.cfg.WaitTime + 10*time.Second):
+		s.recvCancel()
+		<-done
+	}
+	s.recvCancel()
+	s.cancel()
+	s.hbWG.Wait()
+
+	s.mu.Lock()
+	var unfetched []visibilityChange
+	for _, l := range s.lanes {
+		for _, e := range l.pending {
+			delete(s.held, e)
+			unfetched = append(unfetched, visibilityChange{e: e})
+		}
+		l.pending = nil
+	}
+	s.ready = nil
+	s.mu.Unlock()
+	for _, c := range unfetched {
+		c.e.markSettled()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+	defer cancel()
+	if err := s.changeVisibility(ctx, unfetched); err != nil {
+		return fmt.Errorf("sqs: release %d unfetched messages: %w", len(unfetched), err)
+	}
+	s.stats.released.Add(int64(len(unfetched)))
+	return nil
+}
