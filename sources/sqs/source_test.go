@@ -1,9 +1,9 @@
 package sqs_test
 
 import (
-	"fmt"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
