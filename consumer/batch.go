@@ -121,6 +121,9 @@ func (c *Consumer) deriveKeys(msgs []*Message) []*item {
 		if err == nil && k.ID == "" && k.Sender == "" {
 			err = &dedupe.KeyError{Key: k, Reason: "no dedupe key: the message has no ID and no sender"}
 		}
+		if err == nil && c.checker != nil {
+			err = c.checker.CheckKey(k)
+		}
 		it.key, it.keyErr = k, err
 		m.DedupeKey = k
 	}

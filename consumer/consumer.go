@@ -27,6 +27,7 @@ type Consumer struct {
 	cfg         Config
 	log         *slog.Logger
 	committer   dedupe.Committer
+	checker     dedupe.KeyChecker
 	parkedTable string
 
 	startHooks []BatchStartHook
@@ -57,6 +58,7 @@ func New(db DB, src Source, cfg Config) (*Consumer, error) {
 	}
 	c.txsrc, _ = src.(TxSource)
 	c.committer, _ = cfg.Strategy.(dedupe.Committer)
+	c.checker, _ = cfg.Strategy.(dedupe.KeyChecker)
 	for _, h := range cfg.Hooks {
 		if sh, ok := h.(BatchStartHook); ok {
 			c.startHooks = append(c.startHooks, sh)

@@ -59,6 +59,14 @@ type Strategy interface {
 	Claim(ctx context.Context, tx pgx.Tx, keys []Key) ([]Verdict, error)
 }
 
+// KeyChecker is implemented by strategies that need particular fields of a
+// key (an ID, or a sender and sequence number). The consumer checks every
+// key before claiming, so a message whose key the strategy cannot store is
+// parked alone instead of failing its batch. CheckKey returns a *KeyError.
+type KeyChecker interface {
+	CheckKey(k Key) error
+}
+
 // Committer is implemented by strategies that keep state in memory (caches,
 // filters). The consumer calls Committed after the transaction that claimed
 // keys committed, with the verdicts that committed; a rolled-back claim is
