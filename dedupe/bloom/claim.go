@@ -21,9 +21,13 @@ func (s *Strategy) buildSQL() {
 	// slice, which no filter of ours can know) is neither found nor
 	// inserted; conflictSQL then reads its marker.
 	s.claimSQL = `WITH probe AS (
-    SELECT m.scope, m.id, m.slice, m.fingerprint
+    SELECT p.scope, p.id, p.slice, m.fingerprint
     FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS p(scope, id, slice)
-    JOIN ` + s.parent + ` AS m ON m.scope = p.scope AND m.id = p.id AND m.slice = p.slice
+    CROSS JOIN LATERAL (
+        SELECT m.fingerprint FROM ` + s.parent + ` AS m
+        WHERE m.scope = p.scope AND m.id = p.id AND m.slice = p.slice
+        LIMIT 1
+    ) AS m
 ), ins AS (
     INSERT INTO ` + s.parent + ` (scope, id, slice, fingerprint)
     SELECT k.scope, k.id, $7::timestamptz, k.fingerprint
@@ -35,9 +39,13 @@ func (s *Strategy) buildSQL() {
 SELECT false, scope, id, slice, fingerprint FROM probe
 UNION ALL
 SELECT true, scope, id, NULL, NULL FROM ins`
-	s.conflictSQL = `SELECT m.scope, m.id, m.fingerprint
+	s.conflictSQL = `SELECT p.scope, p.id, m.fingerprint
 FROM unnest($1::text[], $2::text[]) AS p(scope, id)
-JOIN ` + s.parent + ` AS m ON m.scope = p.scope AND m.id = p.id AND m.slice = $3::timestamptz`
+CROSS JOIN LATERAL (
+    SELECT m.fingerprint FROM ` + s.parent + ` AS m
+    WHERE m.scope = p.scope AND m.id = p.id AND m.slice = $3::timestamptz
+    LIMIT 1
+) AS m`
 }
 
 type pairKey struct {
@@ -114,7 +122,7 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 	var (
 		pScope, pID []string
 		pSlice      []time.Time
-		positive    = map[pairKey]bool{} // pairs probed because a filter said "maybe"
+		positive    = map[pairKey]bool{} // pairs probed because a sealed filter said "maybe"
 		st          claimStats
 	)
 	from := s.liveFrom(clock)
@@ -135,10 +143,7 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 						if locs == nil {
 							locs = bloom.Locations([]byte(k.ID), s.k)
 						}
-						st.tests++
 						if f.TestLocations(locs) {
-							st.positives++
-							positive[pairKey{k.Scope, k.ID, t.Unix()}] = true
 							pScope, pID, pSlice = append(pScope, k.Scope), append(pID, k.ID), append(pSlice, t)
 						}
 					}
@@ -147,12 +152,12 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 				pScope, pID, pSlice = append(pScope, k.Scope), append(pID, k.ID), append(pSlice, t)
 				continue
 			}
-			st.tests++
 			f := sf.byScope[k.Scope]
 			if f != nil {
 				if locs == nil {
 					locs = bloom.Locations([]byte(k.ID), s.k)
 				}
+				st.tests++
 				if f.TestLocations(locs) {
 					st.positives++
 					positive[pairKey{k.Scope, k.ID, t.Unix()}] = true

@@ -16,6 +16,9 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
+// pgtestPool is pgtest.NewPool.
+var pgtestPool = pgtest.NewPool
+
 // setup returns a strategy whose table is migrated and whose partitions
 // exist, on a fresh database.
 func setup(t testing.TB, cfg bloom.Config) (*bloom.Strategy, *pgxpool.Pool) {

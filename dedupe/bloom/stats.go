@@ -11,7 +11,10 @@ type Stats struct {
 	// Slices is the number of slices with filters; Sealed counts those
 	// rebuilt from the store since New.
 	Slices, Sealed int64
-	// Tests counts (key, filter) checks; Positives those that said "maybe".
+	// Tests counts checks of a key against a sealed filter (the filters
+	// whose negatives save probes); Positives those that said "maybe".
+	// Checks against this process's open filter of the current slice, a
+	// hint that only saves the read of a conflict, are not counted.
 	Tests, Positives int64
 	// ConfirmedPositives are positives whose marker the probe found in that
 	// slice; FalsePositives = Positives - ConfirmedPositives.
