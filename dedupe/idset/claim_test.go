@@ -2,6 +2,7 @@ package idset_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
@@ -138,5 +140,44 @@ func TestOppositeOrderBatchesDoNotDeadlock(t *testing.T) {
 		if n := count(results[0], dedupe.VerdictNew) + count(results[1], dedupe.VerdictNew); n != len(up) {
 			t.Errorf("round %d: %d keys new in all, want %d", round, n, len(up))
 		}
+	}
+}
+
+// TestRepeatableReadConflictFails: under REPEATABLE READ a claim that runs
+// into a marker committed after its snapshot cannot see it, so it fails
+// with a serialization failure (to be retried) instead of guessing.
+func TestRepeatableReadConflictFails(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, pool := newStrategy(t, idset.Config{})
+	ks := keyRange("s", 0, 3)
+
+	tx1, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx1.Rollback(ctx) }()
+	if _, err := s.Claim(ctx, tx1, ks); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		tx2, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+		if err != nil {
+			done <- err
+			return
+		}
+		defer func() { _ = tx2.Rollback(ctx) }()
+		_, err = s.Claim(ctx, tx2, ks)
+		done <- err
+	}()
+	waitForLockWaiter(t, pool)
+	if err := tx1.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = <-done
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "40001" {
+		t.Errorf("claim under REPEATABLE READ after a concurrent commit = %v, want a serialization failure (40001)", err)
 	}
 }
