@@ -50,6 +50,9 @@ type group struct {
 // A key that CheckKey rejects fails the whole call with its *dedupe.KeyError
 // before any statement runs.
 func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]dedupe.Verdict, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("highwater: claim: %w", err)
+	}
 	for _, k := range keys {
 		if err := s.CheckKey(k); err != nil {
 			return nil, err

@@ -1,6 +1,7 @@
 package highwater
 
 import (
+	"context"
 	"embed"
 	"fmt"
 	"io/fs"
@@ -91,6 +92,13 @@ func (s *Strategy) Migrations() []dedupe.Line {
 			"advances_sender_idx": s.cfg.AdvancesTable + "_sender_idx",
 		},
 	}}
+}
+
+// Migrate applies the strategy's migrations that db has not applied yet
+// (see dedupe.Migrate). Consumers apply them with their own Migrate.
+func (s *Strategy) Migrate(ctx context.Context, db dedupe.TxBeginner) error {
+	_, err := dedupe.Migrate(ctx, db, s.cfg.Schema, s.Migrations()...)
+	return err
 }
 
 // CheckKey reports, as a *dedupe.KeyError, a key this strategy cannot
