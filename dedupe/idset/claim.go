@@ -11,37 +11,24 @@ import (
 	"github.com/effectively-once/effectively/dedupe"
 )
 
-// claimSQL inserts the batch's markers and, in the same statement, reads the
-// markers that existed before it. A data-modifying WITH and the main query
-// share one snapshot, so "existing" sees exactly the rows committed before
-// the statement began, never the ones it inserts. A key that is neither
-// inserted nor existing conflicted with a marker committed by a concurrent
-// transaction while this statement waited for it. The LIMIT keeps the
-// lookup of existing markers a probe of the primary key per key, whatever
-// the planner believes about the table's size.
+// claimSQL inserts the batch's markers, in the given (sorted) order, and
+// returns the keys it inserted. On the happy path, where every key is new,
+// this is the whole claim: as cheap as a plain batched insert.
 func claimSQL(table string) string {
-	return `WITH input AS (
-    SELECT u.scope, u.id, u.fingerprint, u.ord
-    FROM unnest($1::text[], $2::text[], $3::bytea[]) WITH ORDINALITY AS u(scope, id, fingerprint, ord)
-), inserted AS (
-    INSERT INTO ` + table + ` (scope, id, fingerprint)
-    SELECT scope, id, fingerprint FROM input ORDER BY ord
-    ON CONFLICT (scope, id) DO NOTHING
-    RETURNING scope, id
-)
-SELECT input.ord, inserted.id IS NOT NULL, existing.found IS NOT NULL, existing.fingerprint
-FROM input
-LEFT JOIN inserted ON inserted.scope = input.scope AND inserted.id = input.id
-LEFT JOIN LATERAL (
-    SELECT true AS found, m.fingerprint FROM ` + table + ` AS m
-    WHERE m.scope = input.scope AND m.id = input.id
-    LIMIT 1
-) AS existing ON true`
+	return `INSERT INTO ` + table + ` (scope, id, fingerprint)
+SELECT u.scope, u.id, u.fingerprint
+FROM unnest($1::text[], $2::text[], $3::bytea[]) WITH ORDINALITY AS u(scope, id, fingerprint, ord)
+ORDER BY u.ord
+ON CONFLICT (scope, id) DO NOTHING
+RETURNING scope, id`
 }
 
-// fetchSQL reads the fingerprints of markers committed concurrently with a
-// claim; as a new statement it has a new snapshot that sees them (in READ
-// COMMITTED; stricter isolation levels fail the claim statement instead).
+// fetchSQL reads the fingerprints of the markers a claim did not insert
+// because they existed: committed before, written earlier in the same
+// transaction, or committed by a concurrent transaction while the claim
+// waited for it. As a new statement it has a new snapshot that sees all of
+// them (in READ COMMITTED; under stricter isolation levels the claim
+// statement itself fails on a concurrent conflict).
 func fetchSQL(table string) string {
 	return `SELECT u.ord, m.fingerprint
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(scope, id, ord)
@@ -135,49 +122,42 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 }
 
 // claim runs the claim statement for distinct keys and returns what it
-// learned about each, by slot.
+// learned about each, by slot. Keys it did not insert cost a second
+// statement, for the whole batch, to read their markers' fingerprints.
 func (s *Strategy) claim(ctx context.Context, tx pgx.Tx, scopes, ids []string, fps [][]byte) ([]marker, error) {
 	markers := make([]marker, len(scopes))
+	slotOf := make(map[ref]int, len(scopes))
+	for slot := range scopes {
+		slotOf[ref{scopes[slot], ids[slot]}] = slot
+	}
 	rows, err := tx.Query(ctx, s.claimSQL, scopes, ids, fps)
 	if err != nil {
 		return nil, fmt.Errorf("idset: claim: %w", err)
 	}
 	var (
-		ord       int64
-		inserted  bool
-		existed   bool
-		fp        []byte
-		raced     int
-		seenSlots int
+		scope, id string
+		inserted  int
 	)
-	_, err = pgx.ForEachRow(rows, []any{&ord, &inserted, &existed, &fp}, func() error {
-		m := &markers[ord-1]
-		m.inserted, m.existed = inserted, existed
-		if existed {
-			m.fp = fp
+	_, err = pgx.ForEachRow(rows, []any{&scope, &id}, func() error {
+		slot, ok := slotOf[ref{scope, id}]
+		if !ok {
+			return fmt.Errorf("inserted a key that was not claimed: %s/%s", scope, id)
 		}
-		if !inserted && !existed {
-			raced++
-		}
-		seenSlots++
+		markers[slot].inserted = true
+		inserted++
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("idset: claim: %w", err)
 	}
-	if seenSlots != len(scopes) {
-		return nil, fmt.Errorf("idset: claim: got %d rows for %d keys", seenSlots, len(scopes))
-	}
-	if raced == 0 {
+	if inserted == len(scopes) {
 		return markers, nil
 	}
 
-	// Some markers were committed by another transaction while this claim
-	// waited for it: read their fingerprints with a fresh snapshot.
 	var rs, ri []string
 	var slots []int
 	for slot, m := range markers {
-		if !m.inserted && !m.existed {
+		if !m.inserted {
 			rs, ri = append(rs, scopes[slot]), append(ri, ids[slot])
 			slots = append(slots, slot)
 			// A marker that is gone again by now was swept: it still
@@ -187,14 +167,16 @@ func (s *Strategy) claim(ctx context.Context, tx pgx.Tx, scopes, ids []string, f
 	}
 	rows, err = tx.Query(ctx, s.fetchSQL, rs, ri)
 	if err != nil {
-		return nil, fmt.Errorf("idset: claim: reading concurrent markers: %w", err)
+		return nil, fmt.Errorf("idset: claim: reading existing markers: %w", err)
 	}
+	var ord int64
+	var fp []byte
 	_, err = pgx.ForEachRow(rows, []any{&ord, &fp}, func() error {
 		markers[slots[ord-1]].fp = fp
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("idset: claim: reading concurrent markers: %w", err)
+		return nil, fmt.Errorf("idset: claim: reading existing markers: %w", err)
 	}
 	return markers, nil
 }

@@ -59,28 +59,33 @@ func run(scale float64, runs int) error {
 	_ = pool.QueryRow(ctx, `SHOW server_version`).Scan(&version)
 
 	type result struct {
-		v    bench.Variant
-		n    int
-		rate float64
+		v     bench.Variant
+		n     int
+		rates []float64
+		rate  float64
 	}
-	var results []result
+	// Runs are interleaved (every variant once, then again) so that the
+	// machine's changing load falls on all variants alike.
+	var results []*result
 	for _, v := range bench.Variants() {
-		n := int(float64(messages(v)) * scale)
-		var rates []float64
-		for range runs {
+		results = append(results, &result{v: v, n: int(float64(messages(v)) * scale)})
+	}
+	for run := 1; run <= runs; run++ {
+		for _, r := range results {
 			if err := bench.Reset(ctx, pool); err != nil {
 				return err
 			}
-			d, err := v.Run(ctx, pool, n, v.Batch)
+			d, err := r.v.Run(ctx, pool, r.n, r.v.Batch)
 			if err != nil {
-				return fmt.Errorf("%s (batch %d): %w", v.Name, v.Batch, err)
+				return fmt.Errorf("%s (batch %d): %w", r.v.Name, r.v.Batch, err)
 			}
-			rates = append(rates, float64(n)/d.Seconds())
+			r.rates = append(r.rates, float64(r.n)/d.Seconds())
+			fmt.Fprintf(os.Stderr, "run %d: %-36s batch %4d: %9.0f msgs/s\n", run, r.v.Name, r.v.Batch, float64(r.n)/d.Seconds())
 		}
-		slices.Sort(rates)
-		r := result{v, n, rates[len(rates)/2]}
-		results = append(results, r)
-		fmt.Fprintf(os.Stderr, "%-36s batch %4d: %9.0f msgs/s\n", v.Name, v.Batch, r.rate)
+	}
+	for _, r := range results {
+		slices.Sort(r.rates)
+		r.rate = r.rates[len(r.rates)/2]
 	}
 	naive, raw := results[0].rate, results[len(results)-1].rate
 
