@@ -128,3 +128,13 @@ func waitForNextSlice(slice time.Duration) {
 	now := time.Now()
 	time.Sleep(now.Truncate(slice).Add(slice).Sub(now) + 20*time.Millisecond)
 }
+
+// waitEarlyInSlice returns at once when less than 40% of the current slice
+// has passed, and otherwise sleeps until the next slice begins, so that a
+// short sequence of claims stays within one slice.
+func waitEarlyInSlice(slice time.Duration) {
+	now := time.Now()
+	if now.Sub(now.Truncate(slice)) > slice*4/10 {
+		waitForNextSlice(slice)
+	}
+}

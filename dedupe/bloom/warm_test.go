@@ -1,0 +1,91 @@
+package bloom_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/dedupe/bloom"
+)
+
+// syncBuffer is a bytes.Buffer safe for a logger used from several goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestRestartAndWarm: a new Strategy on the same tables (a restarted
+// process) recognises the keys of the one before. Before Warm it answers
+// correctly by probing every live partition; after Warm new keys skip the
+// probes of closed slices, and old keys are confirmed by the rebuilt
+// filters.
+func TestRestartAndWarm(t *testing.T) {
+	t.Parallel()
+	cfg := bloom.Config{Slice: time.Second, Retention: time.Minute, PartitionsAhead: 10}
+	before, pool := setup(t, cfg)
+	old := keyRange("r", 0, 600)
+	expectAll(t, "before the restart", claimAll(t, before, pool, old, 200), dedupe.VerdictNew)
+	waitForNextSlice(time.Second) // the old keys' slices close
+
+	var logs syncBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	after, err := bloom.New(cfg) // no Maintain, which would seal (warm) too
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Warmed() {
+		t.Fatal("a new strategy claims to be warm")
+	}
+	// Not warm: every key is probed in every closed live slice.
+	expectAll(t, "old keys before Warm", claim(t, after, pool, old[:100]), dedupe.VerdictDuplicate)
+	expectAll(t, "new keys before Warm", claim(t, after, pool, keyRange("r", 1000, 1100)), dedupe.VerdictNew)
+	st := after.Stats()
+	if st.ProbesSaved != 0 || st.Probes < 200*int64(cfg.Retention/cfg.Slice) {
+		t.Fatalf("before Warm: %d probes, %d saved; want every key probed in every live slice", st.Probes, st.ProbesSaved)
+	}
+
+	waitEarlyInSlice(time.Second) // so no slice closes between Warm and the claims
+	if err := after.Warm(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	if !after.Warmed() {
+		t.Fatal("not warm after Warm")
+	}
+	if !strings.Contains(logs.String(), "filters built from the store") || !strings.Contains(logs.String(), "keys=") {
+		t.Fatalf("Warm logged no progress:\n%s", logs.String())
+	}
+	st0 := after.Stats()
+	expectAll(t, "old keys after Warm", claimAll(t, after, pool, old, 200), dedupe.VerdictDuplicate)
+	fresh := keyRange("r", 2000, 2500)
+	expectAll(t, "new keys after Warm", claim(t, after, pool, fresh), dedupe.VerdictNew)
+	st = after.Stats()
+	if got := st.ConfirmedPositives - st0.ConfirmedPositives; got < int64(len(old))-100 {
+		// The first 100 old keys may sit in the slice of the unwarmed
+		// claims above; the rest must be confirmed by sealed filters.
+		t.Fatalf("sealed filters confirmed %d old keys, want at least %d", got, len(old)-100)
+	}
+	probes := st.Probes - st0.Probes - int64(len(old)) // the old keys' confirmations
+	if probes > int64(len(fresh))/5 {
+		t.Fatalf("%d probes for %d new keys after Warm: the filters saved nothing", probes, len(fresh))
+	}
+	if st.FilterBytes == 0 {
+		t.Fatal("no filter memory reported")
+	}
+}
