@@ -3,7 +3,9 @@ package sqs_test
 import (
 	"testing"
 
-	"github.com/effectively-once/effectively/internal/fauxqs"
+	"github.com/effectively-once/effectively/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { fauxqs.Main(m) }
+// TestMain stops the throwaway PostgreSQL server at the end; the emulator
+// started by internal/fauxqs stops when the test binary exits.
+func TestMain(m *testing.M) { pgtest.Main(m) }

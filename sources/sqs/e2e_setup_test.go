@@ -1,0 +1,267 @@
+package sqs_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/sources/sqs"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// e2e is one end-to-end test's queue, database and effect table.
+type e2e struct {
+	t      *testing.T
+	c      *awssqs.Client
+	queue  string
+	pool   *pgxpool.Pool
+	hooks  *countHook
+	logger *slog.Logger
+}
+
+func newE2E(t *testing.T, queue string) *e2e {
+	t.Helper()
+	pool := pgtest.NewPool(t)
+	_, err := pool.Exec(context.Background(), `CREATE TABLE effects (
+		n       bigserial PRIMARY KEY,
+		msg_id  text NOT NULL,
+		lane    text NOT NULL,
+		payload bytea NOT NULL
+	)`) // deliberately no unique constraint on msg_id: a second effect must be countable
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &e2e{t: t, c: client(t), queue: queue, pool: pool, hooks: &countHook{}}
+	if os.Getenv("TEST_LOG") != "" {
+		e.logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return e
+}
+
+// source makes a Source on the test's queue.
+func (e *e2e) source(cfg sqs.Config) *sqs.Source {
+	e.t.Helper()
+	cfg = quick(cfg)
+	if cfg.Logger == nil {
+		cfg.Logger = e.logger
+	}
+	return newSource(e.t, e.c, e.queue, cfg)
+}
+
+// consumer makes a migrated consumer reading src, with the idset strategy.
+func (e *e2e) consumer(src consumer.Source, cfg consumer.Config) *consumer.Consumer {
+	e.t.Helper()
+	if cfg.Name == "" {
+		cfg.Name = "test"
+	}
+	if cfg.Strategy == nil {
+		s, err := idset.New(idset.Config{})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		cfg.Strategy = s
+	}
+	if cfg.Handler == nil && cfg.BatchHandler == nil {
+		cfg.BatchHandler = insertEffects
+	}
+	if cfg.KeyFunc == nil {
+		cfg.KeyFunc = sqs.KeyFunc(nil)
+	}
+	if cfg.RetryBackoff == 0 {
+		cfg.RetryBackoff = 10 * time.Millisecond
+	}
+	if cfg.MaxRetryBackoff == 0 {
+		cfg.MaxRetryBackoff = 10 * time.Millisecond
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = e.logger
+	}
+	cfg.Hooks = append(cfg.Hooks, e.hooks)
+	c, err := consumer.New(e.pool, src, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := c.Migrate(context.Background()); err != nil {
+		e.t.Fatal(err)
+	}
+	return c
+}
+
+// running is a consumer's Run in the background.
+type running struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func start(c *consumer.Consumer) *running {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- c.Run(ctx) }()
+	return r
+}
+
+// stop cancels Run and waits for it to return.
+func (r *running) stop(tb testing.TB) {
+	tb.Helper()
+	r.cancel()
+	if err := <-r.done; err != nil {
+		tb.Fatalf("Run: %v", err)
+	}
+}
+
+// waitFor polls cond until it holds or timeout passes.
+func (e *e2e) waitFor(what string, timeout time.Duration, cond func() bool) {
+	e.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			v, f := queueDepth(e.t, e.c, e.queue)
+			e.t.Fatalf("timed out after %s waiting for %s; queue: %d visible, %d in flight; stats %+v", timeout, what, v, f, e.hooks.get())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// drained reports whether the effects cover n distinct messages and the
+// queue is empty.
+func (e *e2e) drained(n int) func() bool {
+	return func() bool {
+		if len(e.effectCounts()) < n {
+			return false
+		}
+		v, f := queueDepth(e.t, e.c, e.queue)
+		return v == 0 && f == 0
+	}
+}
+
+func insertEffect(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+	_, err := tx.Exec(ctx, `INSERT INTO effects (msg_id, lane, payload) VALUES ($1, $2, $3)`, m.DedupeKey.ID, m.Lane, m.Value)
+	return err
+}
+
+func insertEffects(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+	ids := make([]string, len(msgs))
+	lanes := make([]string, len(msgs))
+	payloads := make([][]byte, len(msgs))
+	for i, m := range msgs {
+		ids[i], lanes[i], payloads[i] = m.DedupeKey.ID, m.Lane, m.Value
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO effects (msg_id, lane, payload) SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])`, ids, lanes, payloads)
+	return err
+}
+
+// effectCounts returns how many effect rows each dedupe ID has.
+func (e *e2e) effectCounts() map[string]int {
+	e.t.Helper()
+	rows, err := e.pool.Query(context.Background(), `SELECT msg_id, count(*) FROM effects GROUP BY msg_id`)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[string]int{}
+	var id string
+	var n int
+	_, err = pgx.ForEachRow(rows, []any{&id, &n}, func() error { out[id] = n; return nil })
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+// expectOnce fails unless exactly the IDs in want have one effect each.
+func (e *e2e) expectOnce(want []string) {
+	e.t.Helper()
+	got := e.effectCounts()
+	for _, id := range want {
+		if got[id] != 1 {
+			e.t.Errorf("message %s has %d effects, want 1", id, got[id])
+		}
+	}
+	if len(got) != len(want) {
+		e.t.Errorf("effects for %d distinct messages, want %d", len(got), len(want))
+	}
+}
+
+type parkedRow struct {
+	DedupeID  *string
+	Reason    string
+	LastError string
+	Payload   []byte
+	Ref       string
+	Source    string
+	Attempts  int
+}
+
+func (e *e2e) parked() []parkedRow {
+	e.t.Helper()
+	rows, err := e.pool.Query(context.Background(),
+		`SELECT dedupe_id, reason, last_error, payload, ref, source, attempts FROM effectively.parked ORDER BY id`)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[parkedRow])
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+// countHook totals the batch stats it sees.
+type countHook struct {
+	mu    sync.Mutex
+	total consumer.BatchStats
+}
+
+func (h *countHook) BatchDone(_ context.Context, s *consumer.BatchStats) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.total.Size += s.Size
+	h.total.Applied += s.Applied
+	h.total.Duplicate += s.Duplicate
+	h.total.Mismatch += s.Mismatch
+	h.total.Parked += s.Parked
+	h.total.Retried += s.Retried
+}
+
+func (h *countHook) get() consumer.BatchStats {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.total
+}
+
+// faultySource wraps a Source and loses acknowledgements: drop decides, per
+// acknowledged message, whether its delete is lost (the message is then
+// abandoned, as after a crash between the commit and the delete).
+type faultySource struct {
+	*sqs.Source
+	mu   sync.Mutex
+	drop func(m *consumer.Message) bool
+	lost int
+}
+
+func (f *faultySource) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.Message, retry []consumer.Retry) error {
+	f.mu.Lock()
+	var kept []*consumer.Message
+	for _, m := range ack {
+		if f.drop != nil && f.drop(m) {
+			f.lost++
+			continue
+		}
+		kept = append(kept, m)
+	}
+	f.mu.Unlock()
+	return f.Source.Settle(ctx, b, kept, retry)
+}
+
+func (f *faultySource) lostAcks() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lost
+}
