@@ -1,0 +1,99 @@
+// Package bloom is a dedupe.Strategy that keeps its markers in
+// time-partitioned tables, so that retention is dropping a partition
+// instead of deleting millions of rows, and puts Bloom filters
+// (github.com/bits-and-blooms/bloom/v3) in front of the partitions, so that
+// a new key rarely needs a probe into them.
+//
+// # Storage
+//
+// Markers (scope, id, slice, fingerprint) live in a table partitioned by
+// range of slice, the start of the time slice (Config.Slice, an hour by
+// default) in which the marker was written. Each partition holds exactly one
+// slice, so the primary key (scope, id, slice) makes (scope, id) unique
+// within a partition. The migration creates only the parent table;
+// Maintain creates the partition of the current slice and of
+// Config.PartitionsAhead slices after it, each named after the parent and
+// the slice start (bloom_markers_20260102t150000), and detaches
+// (concurrently, so claims are not blocked) and drops every partition
+// whose whole slice is older than Config.Retention. A marker therefore
+// lives at least Retention and at most Retention + Slice. All slice
+// arithmetic uses the database's clock, so processes with skewed clocks
+// agree on it.
+//
+// # Filters
+//
+// Each process keeps, per slice and per scope, one filter. The filter of a
+// closed slice is sealed: Maintain (or Warm) builds it from the store once
+// no transaction can write to the slice any more, sized from the number of
+// markers it holds, at Config.FalsePositiveRate. Since it holds every
+// marker of the slice, whichever process wrote it, its negative proves the
+// slice holds no marker for the key, and the probe of that partition is
+// skipped. Its positive is always confirmed by a probe: a false positive
+// costs one index lookup, never a message. Sealed filters rotate out with
+// their partitions.
+//
+// The current slice is different: every consumer writes to it, so no
+// process's filter of it can be complete. Its markers are found by the
+// insert itself: the unique index of the current partition turns a second
+// marker for a key into a conflict, after which one more statement reads
+// the existing marker's fingerprint. The process's own filter of the
+// current slice (fed by Committed, sized from Config.ExpectedKeysPerSlice)
+// is only a hint that sends likely duplicates to the probe to save that
+// read. Committed adds keys after their transaction committed (adding them
+// at claim time would be just as safe, since a positive only costs a
+// probe, but a rolled-back claim would then count as a false positive).
+//
+// A slice that has closed but is not sealed yet (just after a boundary,
+// before maintenance ran, or before Warm) is probed for every key; this is
+// the fallback that keeps Claim correct before Warm completes.
+//
+// With Retention/Slice live slices, a new key is tested against that many
+// filters, so about (Retention/Slice) × FalsePositiveRate of new keys need
+// one probe (7% with the defaults' 168 slices and 1%, instead of 168 probes
+// each); choose longer slices to probe less, shorter ones to expire more
+// finely.
+//
+// # Claiming a batch
+//
+// Claim takes, in one round trip: the gate lock, a transaction-level
+// advisory lock that every claim holds shared and a seal takes exclusively;
+// one transaction-level advisory lock per distinct key (a hash of table,
+// scope and id), taken in one statement in sorted order, so two batches
+// never deadlock; and then the database clock, which picks the slice the
+// new markers go to. In a second round trip one statement probes the
+// (key, slice) pairs the filters could not rule out and inserts the other
+// keys into the current slice, with ON CONFLICT DO NOTHING. Repeats within
+// the batch are resolved in Go: the first occurrence decides, later ones are
+// duplicates, or mismatches when their fingerprint differs from the marker.
+//
+// # Concurrency and the slice boundary
+//
+// Two transactions claiming one key never both get VerdictNew, even when
+// they run in different processes whose filters differ and a slice boundary
+// falls between them: the second waits on the key's advisory lock until the
+// first commits or rolls back, and only then reads the clock and probes, in
+// a new READ COMMITTED snapshot that sees the first one's marker, whichever
+// partition it went to. (Within one slice the unique index alone would
+// serialise them; across a boundary, where the two markers would go to
+// different partitions, the lock is what does.) Claim therefore requires a
+// READ COMMITTED transaction and returns ErrIsolation otherwise.
+//
+// Sealing relies on the gate. A seal waits (at most Config.SealTimeout)
+// until it holds the gate exclusively, which means no claim is in flight,
+// and reads the database clock T while holding it. Every claim that writes
+// later reads the clock after T, so it writes to T's slice or a later one:
+// every slice that ended by T is complete, and its sealed filter, built in a
+// later snapshot, holds every marker it will ever hold. Claims starting
+// while a seal waits queue behind it, once per slice per process.
+//
+// # Operation
+//
+// Apply Migrations with dedupe.Migrate, run Maintain once and then
+// RunMaintenance in the background (it runs just after every slice boundary
+// too, so the closed slice is sealed at once), and call Warm at start to
+// build the filters from the live partitions, streaming, with progress
+// logged. Claim returns ErrNoPartition if the current slice has no
+// partition because maintenance did not run. Stats reports the filters'
+// memory, the positives, the confirmed and false positives (the measured
+// false-positive rate) and the probes saved.
+package bloom
