@@ -134,7 +134,7 @@ func (e *e2e) waitFor(what string, timeout time.Duration, cond func() bool) {
 // queue is empty.
 func (e *e2e) drained(n int) func() bool {
 	return func() bool {
-		if len(e.effectCounts()) < n {
+		if e.distinctEffects() < n {
 			return false
 		}
 		v, f := queueDepth(e.t, e.c, e.queue)
@@ -156,6 +156,16 @@ func insertEffects(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) err
 	}
 	_, err := tx.Exec(ctx, `INSERT INTO effects (msg_id, lane, payload) SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])`, ids, lanes, payloads)
 	return err
+}
+
+// distinctEffects returns how many distinct dedupe IDs have an effect.
+func (e *e2e) distinctEffects() int {
+	e.t.Helper()
+	var n int
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(DISTINCT msg_id) FROM effects`).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
 }
 
 // effectCounts returns how many effect rows each dedupe ID has.
@@ -244,13 +254,22 @@ type faultySource struct {
 	mu   sync.Mutex
 	drop func(m *consumer.Message) bool
 	lost int
+	dead bool
+}
+
+// die makes every later Settle lose all its deletes, as if the process had
+// died right after each commit.
+func (f *faultySource) die() {
+	f.mu.Lock()
+	f.dead = true
+	f.mu.Unlock()
 }
 
 func (f *faultySource) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.Message, retry []consumer.Retry) error {
 	f.mu.Lock()
 	var kept []*consumer.Message
 	for _, m := range ack {
-		if f.drop != nil && f.drop(m) {
+		if f.dead || (f.drop != nil && f.drop(m)) {
 			f.lost++
 			continue
 		}
