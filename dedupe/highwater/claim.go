@@ -19,9 +19,11 @@ type group struct {
 	c                  cached
 	idx                []int // indexes into keys, in batch order
 
-	found bool
-	mark  int64  // true mark, read under a row lock
-	fp    []byte // fingerprint stored with the mark
+	inserted bool   // its row was missing and was inserted by this claim
+	found    bool   // its row was read, under a lock
+	mark     int64  // true mark before this claim
+	fp       []byte // fingerprint stored with the mark
+	res      judgement
 }
 
 // Claim decides the verdicts of keys inside tx and moves the marks of the
@@ -40,12 +42,15 @@ type group struct {
 // hole was filled in between.
 //
 // Keys whose seq is at or below the cached mark are answered from the cache.
-// The rest cost one round trip (a pgx.Batch that creates missing mark rows
-// and locks the senders' rows, FOR UPDATE, in a fixed order) plus, when
-// anything is new, one UPDATE of all advanced marks: two round trips and at
-// most three statements, whatever the batch size. A batch answered entirely
-// by the cache runs no statement. A concurrent claim of the same sender
-// waits for the row lock, and then sees the committed mark.
+// The rest cost one round trip, a pgx.Batch of two statements: an INSERT …
+// ON CONFLICT DO NOTHING of the marks of the senders the cache does not
+// know, as judged from mark 0 (it wins for senders without a row), and a
+// SELECT … FOR UPDATE, in a fixed order, of all the batch's senders' rows.
+// When a sender that already had a row moves, one UPDATE of all such marks
+// follows: at most three statements in two round trips, whatever the batch
+// size. A batch answered entirely by the cache runs no statement. A
+// concurrent claim of the same sender waits for the row lock (or for the
+// conflicting insert) and then sees the committed mark.
 //
 // A key that CheckKey rejects fails the whole call with its *dedupe.KeyError
 // before any statement runs.
@@ -83,6 +88,14 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 	if len(todo) == 0 {
 		return verdicts, nil
 	}
+	// A sender missing from the cache may have no row yet. Judge its keys
+	// as if its mark were 0; lockMarks inserts the resulting mark, and if
+	// the insert wins, that judgement stands and no update is needed.
+	for _, g := range todo {
+		if !g.c.ok {
+			g.res = s.decide(g, 0, nil, keys, verdicts)
+		}
+	}
 	if err := s.lockMarks(ctx, tx, todo); err != nil {
 		return nil, err
 	}
@@ -94,16 +107,16 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 		fps             [][]byte
 	}
 	for _, g := range todo {
-		cur, curFP := s.decide(g, keys, verdicts, now)
-		if cur > g.mark {
+		if !g.inserted {
+			g.res = s.decide(g, g.mark, g.fp, keys, verdicts)
+		}
+		s.noteGaps(g, now)
+		if g.res.cur > g.mark && !g.inserted {
 			up.scopes = append(up.scopes, g.scope)
 			up.senders = append(up.senders, g.sender)
-			up.seqs = append(up.seqs, cur)
+			up.seqs = append(up.seqs, g.res.cur)
 			up.olds = append(up.olds, g.mark)
-			if len(curFP) == 0 {
-				curFP = nil // stored as NULL
-			}
-			up.fps = append(up.fps, curFP)
+			up.fps = append(up.fps, nullFP(g.res.curFP))
 		}
 	}
 	if len(up.scopes) == 0 {
@@ -119,6 +132,14 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 		return nil, fmt.Errorf("highwater: claim: moved %d of %d marks: the marks changed while locked", n, len(up.scopes))
 	}
 	return verdicts, nil
+}
+
+// nullFP stores an empty fingerprint as NULL.
+func nullFP(fp []byte) []byte {
+	if len(fp) == 0 {
+		return nil
+	}
+	return fp
 }
 
 // answerFromCache returns the verdict of k if the cached mark proves it a
@@ -141,8 +162,11 @@ func answerFromCache(c cached, k dedupe.Key) (dedupe.Verdict, bool) {
 	return 0, false
 }
 
-// lockMarks creates the missing mark rows of groups, locks all their rows and
-// reads their marks, in one round trip.
+// lockMarks, in one round trip, inserts the marks of the senders missing
+// from the cache (the mark each would have if it had none, judged by
+// Claim; a conflict with an existing row leaves that row alone), then locks
+// all the groups' rows and reads their marks. A group whose insert won is
+// marked inserted: its judgement from mark 0 stands.
 func (s *Strategy) lockMarks(ctx context.Context, tx pgx.Tx, groups []*group) error {
 	// A fixed lock order keeps concurrent claims from deadlocking each other.
 	slices.SortFunc(groups, func(a, b *group) int {
@@ -150,39 +174,58 @@ func (s *Strategy) lockMarks(ctx context.Context, tx pgx.Tx, groups []*group) er
 	})
 	scopes := make([]string, len(groups))
 	senders := make([]string, len(groups))
-	var newScopes, newSenders []string
+	var ins struct {
+		scopes, senders []string
+		seqs            []int64
+		fps             [][]byte
+	}
 	for i, g := range groups {
 		scopes[i], senders[i] = g.scope, g.sender
 		if !g.c.ok { // a cached sender has a committed row
-			newScopes = append(newScopes, g.scope)
-			newSenders = append(newSenders, g.sender)
+			ins.scopes = append(ins.scopes, g.scope)
+			ins.senders = append(ins.senders, g.sender)
+			ins.seqs = append(ins.seqs, g.res.cur)
+			ins.fps = append(ins.fps, nullFP(g.res.curFP))
 		}
 	}
+	byKey := make(map[string]*group, len(groups))
+	for _, g := range groups {
+		byKey[g.key] = g
+	}
 	b := &pgx.Batch{}
-	if len(newScopes) > 0 {
-		b.Queue(s.ensureSQL, newScopes, newSenders)
+	if len(ins.scopes) > 0 {
+		b.Queue(s.insertSQL, ins.scopes, ins.senders, ins.seqs, ins.fps)
 	}
 	b.Queue(s.lockSQL, scopes, senders)
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
-	if len(newScopes) > 0 {
-		if _, err := br.Exec(); err != nil {
-			return fmt.Errorf("highwater: claim: creating marks: %w", err)
+	var (
+		scope, sender string
+		seq           int64
+		fp            []byte
+	)
+	if len(ins.scopes) > 0 {
+		rows, err := br.Query()
+		if err != nil {
+			return fmt.Errorf("highwater: claim: inserting marks: %w", err)
+		}
+		for rows.Next() {
+			if err := rows.Scan(&scope, &sender); err != nil {
+				rows.Close()
+				return fmt.Errorf("highwater: claim: inserting marks: %w", err)
+			}
+			if g := byKey[scope+"\x00"+sender]; g != nil {
+				g.inserted = true
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("highwater: claim: inserting marks: %w", err)
 		}
 	}
 	rows, err := br.Query()
 	if err != nil {
 		return fmt.Errorf("highwater: claim: locking marks: %w", err)
 	}
-	byKey := make(map[string]*group, len(groups))
-	for _, g := range groups {
-		byKey[g.key] = g
-	}
-	var (
-		scope, sender string
-		seq           int64
-		fp            []byte
-	)
 	for rows.Next() {
 		fp = nil
 		if err := rows.Scan(&scope, &sender, &seq, &fp); err != nil {
@@ -197,7 +240,10 @@ func (s *Strategy) lockMarks(ctx context.Context, tx pgx.Tx, groups []*group) er
 		return fmt.Errorf("highwater: claim: locking marks: %w", err)
 	}
 	for _, g := range groups {
-		if !g.found {
+		switch {
+		case g.inserted:
+			g.mark, g.fp = 0, nil // the row read back is the one just inserted
+		case !g.found:
 			// Only a cached sender skips the insert, so its row was
 			// deleted by other means: the cache cannot be trusted.
 			s.cache.reset()
@@ -211,33 +257,39 @@ func (s *Strategy) lockMarks(ctx context.Context, tx pgx.Tx, groups []*group) er
 	return nil
 }
 
-// decide sets the verdicts of g's keys from its true mark and returns the
-// mark after them, with the fingerprint of the message at that seq.
-func (s *Strategy) decide(g *group, keys []dedupe.Key, verdicts []dedupe.Verdict, now time.Time) (cur int64, curFP []byte) {
-	cur, curFP = g.mark, g.fp
+// judgement is the outcome of deciding a group's keys.
+type judgement struct {
+	cur       int64  // the mark after the keys
+	curFP     []byte // the fingerprint of the message at cur
+	gaps, far uint64 // keys held back, and those beyond the reorder window
+	lowestGap int64  // lowest seq held back
+	farGap    int64  // highest seq held back beyond the window
+}
+
+// decide sets the verdicts of g's keys, judged from the given mark and its
+// fingerprint. It has no other effect, so it may be run again with the
+// true mark.
+func (s *Strategy) decide(g *group, mark int64, markFP []byte, keys []dedupe.Key, verdicts []dedupe.Verdict) judgement {
+	r := judgement{cur: mark, curFP: markFP}
 	var applied map[int64]int // seq -> index of the key that applied it in this batch
-	var lowestGap, farGap int64
-	var gaps, far uint64
 	for _, i := range g.idx {
 		k := keys[i]
-		if k.Seq <= cur && k.Seq > g.mark {
+		switch {
+		case k.Seq <= r.cur && k.Seq > mark:
 			// Applied earlier in this batch: compare with that message. (In
 			// monotonic mode a seq skipped over is simply a duplicate.)
 			verdicts[i] = dedupe.VerdictDuplicate
 			if j, ok := applied[k.Seq]; ok && !dedupe.SameFingerprint(keys[j].Fingerprint, k.Fingerprint) {
 				verdicts[i] = dedupe.VerdictMismatch
 			}
-			continue
-		}
-		switch {
-		case k.Seq <= cur:
+		case k.Seq <= r.cur:
 			verdicts[i] = dedupe.VerdictDuplicate
-			if k.Seq == g.mark && !dedupe.SameFingerprint(g.fp, k.Fingerprint) {
+			if k.Seq == mark && !dedupe.SameFingerprint(markFP, k.Fingerprint) {
 				verdicts[i] = dedupe.VerdictMismatch
 			}
-		case s.cfg.Mode == Monotonic || k.Seq == cur+1:
+		case s.cfg.Mode == Monotonic || k.Seq == r.cur+1:
 			verdicts[i] = dedupe.VerdictNew
-			cur, curFP = k.Seq, k.Fingerprint
+			r.cur, r.curFP = k.Seq, k.Fingerprint
 			if len(g.idx) > 1 {
 				if applied == nil {
 					applied = make(map[int64]int)
@@ -246,28 +298,34 @@ func (s *Strategy) decide(g *group, keys []dedupe.Key, verdicts []dedupe.Verdict
 			}
 		default:
 			verdicts[i] = dedupe.VerdictGap
-			gaps++
-			if lowestGap == 0 || k.Seq < lowestGap {
-				lowestGap = k.Seq
+			r.gaps++
+			if r.lowestGap == 0 || k.Seq < r.lowestGap {
+				r.lowestGap = k.Seq
 			}
-			if k.Seq-cur-1 > s.cfg.ReorderWindow {
-				far++
-				farGap = max(farGap, k.Seq)
+			if k.Seq-r.cur-1 > s.cfg.ReorderWindow {
+				r.far++
+				r.farGap = max(r.farGap, k.Seq)
 			}
 		}
 	}
-	if gaps == 0 {
-		return cur, curFP
+	return r
+}
+
+// noteGaps counts and logs the gaps of g's final judgement, and tracks the
+// sender as stuck.
+func (s *Strategy) noteGaps(g *group, now time.Time) {
+	r := g.res
+	if r.gaps == 0 {
+		return
 	}
-	s.gaps.Add(gaps)
-	if far > 0 {
-		s.farGaps.Add(far)
+	s.gaps.Add(r.gaps)
+	if r.far > 0 {
+		s.farGaps.Add(r.far)
 		s.logger().Warn("highwater: sequence number far ahead of the sender's mark; holding it back as a gap",
 			slog.String("scope", g.scope), slog.String("sender", g.sender),
-			slog.Int64("mark", cur), slog.Int64("seq", farGap), slog.Int64("reorder_window", s.cfg.ReorderWindow))
+			slog.Int64("mark", r.cur), slog.Int64("seq", r.farGap), slog.Int64("reorder_window", s.cfg.ReorderWindow))
 	}
-	if w := s.stuck.held(g.scope, g.sender, g.key, cur, lowestGap, now, s.cfg.StuckAfter); w != nil {
+	if w := s.stuck.held(g.scope, g.sender, g.key, r.cur, r.lowestGap, now, s.cfg.StuckAfter); w != nil {
 		logStuck(s.logger(), w, now)
 	}
-	return cur, curFP
 }

@@ -56,10 +56,10 @@
 //
 // # Database
 //
-// Claim creates the missing mark rows and locks the batch's senders' rows
+// Claim inserts the rows of new senders and locks the batch's senders' rows
 // (FOR UPDATE, in a fixed order) in one round trip, decides in Go, and
-// moves all advanced marks in one UPDATE: at most three statements in two
-// round trips per batch, whatever its size. Two transactions claiming the
+// moves all advanced marks of known senders in one UPDATE: at most three
+// statements in two round trips per batch, whatever its size. Two transactions claiming the
 // same sender take turns on its row, so a seq is never applied twice.
 // Tables are created by the migrations from Strategy.Migrations (apply them
 // with dedupe.Migrate, or through the consumer's Migrate); all identifiers

@@ -28,7 +28,7 @@ type Strategy struct {
 	gaps, farGaps atomic.Uint64
 
 	// statements, precomputed for the configured tables
-	ensureSQL, lockSQL, updateSQL string
+	insertSQL, lockSQL, updateSQL string
 }
 
 var (
@@ -53,9 +53,10 @@ func New(cfg Config) (*Strategy, error) {
 	if cfg.CacheSize > 0 {
 		s.cache = newMarkCache(cfg.CacheSize)
 	}
-	s.ensureSQL = `INSERT INTO ` + s.marks + ` (scope, sender, seq)
-SELECT i.scope, i.sender, 0 FROM unnest($1::text[], $2::text[]) AS i(scope, sender)
-ON CONFLICT (scope, sender) DO NOTHING`
+	s.insertSQL = `INSERT INTO ` + s.marks + ` AS m (scope, sender, seq, fingerprint)
+SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::bytea[])
+ON CONFLICT (scope, sender) DO NOTHING
+RETURNING m.scope, m.sender`
 	s.lockSQL = `SELECT m.scope, m.sender, m.seq, m.fingerprint
 FROM ` + s.marks + ` AS m
 JOIN unnest($1::text[], $2::text[]) AS i(scope, sender) ON m.scope = i.scope AND m.sender = i.sender
