@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -58,7 +60,20 @@ func (e *env) config() Config {
 		RebalanceTimeout:  5 * time.Second,
 		RevokeTimeout:     2 * time.Second,
 		JoinGroupBackoff:  200 * time.Millisecond,
+		Logger:            testLogger(),
 	}
+}
+
+// testLogger logs to stderr when KAFKA_TEST_LOG is set (to "debug" for
+// kafka-go's own logs too).
+func testLogger() *slog.Logger {
+	switch os.Getenv("KAFKA_TEST_LOG") {
+	case "":
+		return nil
+	case "debug":
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, nil))
 }
 
 // source starts a migrated Source; it is closed at the end of the test.
