@@ -67,8 +67,23 @@
 //
 // # Keys
 //
-// Keys need a Sender and a Seq of at least 1. HeaderKey reads both from
+// Keys need a Sender and a Seq of at least 1; Claim rejects others with a
+// *dedupe.KeyError (CheckKey tells in advance). HeaderKey reads both from
 // message headers, and ParseSeq parses a sequence number strictly (a
-// positive decimal integer that fits in an int64), so that a malformed one
-// parks its message with a clear reason.
+// positive decimal integer that fits in an int64), so that a message with
+// a missing or malformed one is parked with a clear reason. With the
+// consumer package:
+//
+//	cfg := consumer.Config{
+//		Strategy: strategy,
+//		KeyFunc: func(m *consumer.Message) (dedupe.Key, error) {
+//			return highwater.HeaderKey(m.Header, "sender", "seq")
+//		},
+//		// ...
+//	}
+//
+// In monotonic mode a message handed back for a retry must not be
+// overtaken by a later seq of its sender, or it becomes a duplicate when it
+// comes again: a source that keeps offsets this way stops the lane (or
+// parks the message) rather than skipping ahead.
 package highwater
