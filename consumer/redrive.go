@@ -1,0 +1,489 @@
+package consumer
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	"github.com/effectively-once/effectively/dedupe"
+	"github.com/jackc/pgx/v5"
+)
+
+// RedriveFilter selects parked messages of one scope. The zero value selects
+// all of them.
+type RedriveFilter struct {
+	// IDs, when not empty, limits the redrive to these parked-row ids.
+	IDs []int64
+	// Reason, when set, limits the redrive to rows parked for this reason
+	// (ReasonPermanent, ReasonMaxAttempts, …).
+	Reason string
+	// Limit is the most rows redriven. Defaults to 0: no limit.
+	Limit int
+}
+
+// RedriveConfig configures Redrive: the parts of a Config that apply a
+// message, and which parked messages to redrive.
+type RedriveConfig struct {
+	// Name is the consumer's name. Scope defaults to it; it is required
+	// when Scope is empty.
+	Name string
+	// Scope is the scope whose parked messages are redriven and whose
+	// markers are claimed. Defaults to Name.
+	Scope string
+	// Strategy claims the keys of messages parked without a marker.
+	// Required.
+	Strategy dedupe.Strategy
+	// Handler applies one message. Exactly one of Handler and BatchHandler
+	// is required.
+	Handler Handler
+	// BatchHandler, if set instead of Handler, is called with one message at
+	// a time.
+	BatchHandler BatchHandler
+	// KeyFunc derives the key of messages parked with reason invalid_key,
+	// which have none. Defaults to nil: such messages are skipped.
+	KeyFunc KeyFunc
+	// NoFingerprint turns off the payload fingerprint of keys derived by
+	// KeyFunc. Defaults to false.
+	NoFingerprint bool
+	// MaxKeyLen is the longest ID and sender a KeyFunc may derive. Defaults
+	// to 512.
+	MaxKeyLen int
+	// Schema holds the parked table. Defaults to "effectively".
+	Schema string
+	// ParkedTable is the parked table's name. Defaults to "parked".
+	ParkedTable string
+	// Filter selects the rows to redrive. Defaults to every row of Scope.
+	Filter RedriveFilter
+	// Logger receives one line per redriven message. Defaults to discarding them.
+	Logger *slog.Logger
+}
+
+func (c RedriveConfig) withDefaults() RedriveConfig {
+	if c.Scope == "" {
+		c.Scope = c.Name
+	}
+	if c.MaxKeyLen == 0 {
+		c.MaxKeyLen = dedupe.DefaultMaxIDLen
+	}
+	if c.Schema == "" {
+		c.Schema = dedupe.DefaultSchema
+	}
+	if c.ParkedTable == "" {
+		c.ParkedTable = "parked"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return c
+}
+
+func (c RedriveConfig) validate() error {
+	bad := func(field, reason string) error { return &ConfigError{Field: field, Reason: reason} }
+	switch {
+	case c.Scope == "":
+		return bad("Scope", "is required (or Name)")
+	case c.Strategy == nil:
+		return bad("Strategy", "is required")
+	case c.Handler == nil && c.BatchHandler == nil:
+		return bad("Handler", "one of Handler and BatchHandler is required")
+	case c.Handler != nil && c.BatchHandler != nil:
+		return bad("Handler", "set only one of Handler and BatchHandler")
+	case c.Filter.Limit < 0:
+		return bad("Filter.Limit", fmt.Sprintf("must not be negative, got %d", c.Filter.Limit))
+	case c.MaxKeyLen < 0:
+		return bad("MaxKeyLen", fmt.Sprintf("must not be negative, got %d", c.MaxKeyLen))
+	}
+	return nil
+}
+
+// Redrive outcomes, in RedriveItem.Outcome.
+const (
+	// RedriveApplied: the handler ran; its effect and the removal of the
+	// parked row committed together.
+	RedriveApplied = "applied"
+	// RedriveDuplicate: the message's key was claimed by another delivery
+	// since it was parked; the parked row was removed and nothing ran.
+	RedriveDuplicate = "duplicate"
+	// RedriveFailed: the handler (or the claim) failed; the row stays
+	// parked, with attempts and last_error updated.
+	RedriveFailed = "failed"
+	// RedriveSkipped: the row cannot be redriven as it is (no key and no
+	// KeyFunc, a key reused with another payload, a sequence gap); it stays
+	// parked.
+	RedriveSkipped = "skipped"
+	// RedriveGone: the row was removed (redriven or purged) by someone else
+	// between selection and redrive.
+	RedriveGone = "gone"
+)
+
+// RedriveItem is what became of one parked row.
+type RedriveItem struct {
+	ID      int64
+	Ref     string
+	Reason  string // the reason it was parked
+	Outcome string // one of the Redrive* outcomes
+	Err     error  // why it failed or was skipped
+}
+
+// RedriveResult counts the outcomes of a Redrive and lists every row.
+type RedriveResult struct {
+	Applied, Duplicate, Failed, Skipped, Gone int
+	Items                                     []RedriveItem
+}
+
+func (r *RedriveResult) add(it RedriveItem) {
+	switch it.Outcome {
+	case RedriveApplied:
+		r.Applied++
+	case RedriveDuplicate:
+		r.Duplicate++
+	case RedriveFailed:
+		r.Failed++
+	case RedriveSkipped:
+		r.Skipped++
+	case RedriveGone:
+		r.Gone++
+	}
+	r.Items = append(r.Items, it)
+}
+
+// Redrive runs the parked messages of cfg.Scope selected by cfg.Filter
+// through cfg's handler again, oldest first, each in a transaction of its
+// own that also deletes its parked row: a redriven message is applied
+// exactly once and leaves the parked table in the same commit.
+//
+// The row is deleted first, which locks it: a second Redrive of the same
+// row, at the same time, waits and then finds it gone (RedriveGone). A
+// message parked without a dedupe marker (invalid_key, gap) has its key
+// claimed with cfg.Strategy first; if another delivery applied it
+// meanwhile, its row is removed as a duplicate. A handler failure rolls the
+// transaction back: the row stays parked, with attempts incremented and
+// last_error set, and Redrive goes on with the next row.
+//
+// Redrive is safe while consumers of the same scope run. It returns an
+// error only when it cannot go on (the database is unreachable, the table
+// missing, ctx done), together with what it did until then.
+func Redrive(ctx context.Context, db DB, cfg RedriveConfig) (RedriveResult, error) {
+	var res RedriveResult
+	if db == nil {
+		return res, &ConfigError{Field: "db", Reason: "is nil"}
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return res, err
+	}
+	r := &redriver{db: db, cfg: cfg, table: pgx.Identifier{cfg.Schema, cfg.ParkedTable}.Sanitize()}
+	r.committer, _ = cfg.Strategy.(dedupe.Committer)
+	r.checker, _ = cfg.Strategy.(dedupe.KeyChecker)
+	ids, err := r.selectIDs(ctx)
+	if err != nil {
+		return res, err
+	}
+	for _, id := range ids {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		it, err := r.one(ctx, id)
+		if err != nil {
+			return res, err
+		}
+		cfg.Logger.Info("redrive", "id", it.ID, "ref", it.Ref, "reason", it.Reason, "outcome", it.Outcome, "err", errString(it.Err))
+		res.add(it)
+	}
+	return res, nil
+}
+
+// Redrive runs the consumer's parked messages selected by f through its
+// handler again; see the function Redrive.
+func (c *Consumer) Redrive(ctx context.Context, f RedriveFilter) (RedriveResult, error) {
+	return Redrive(ctx, c.db, RedriveConfig{
+		Name: c.cfg.Name, Scope: c.cfg.Scope, Strategy: c.cfg.Strategy,
+		Handler: c.cfg.Handler, BatchHandler: c.cfg.BatchHandler, KeyFunc: c.cfg.KeyFunc,
+		NoFingerprint: c.cfg.NoFingerprint, MaxKeyLen: c.cfg.MaxKeyLen,
+		Schema: c.cfg.Schema, ParkedTable: c.cfg.ParkedTable, Filter: f, Logger: c.log,
+	})
+}
+
+type redriver struct {
+	db        DB
+	cfg       RedriveConfig
+	table     string
+	committer dedupe.Committer
+	checker   dedupe.KeyChecker
+}
+
+func (r *redriver) selectIDs(ctx context.Context) ([]int64, error) {
+	f := r.cfg.Filter
+	var limit *int64
+	if f.Limit > 0 {
+		l := int64(f.Limit)
+		limit = &l
+	}
+	var ids []int64
+	if len(f.IDs) > 0 {
+		ids = f.IDs
+	}
+	tx, err := r.db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("consumer: redrive: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := tx.Query(ctx, `SELECT id FROM `+r.table+`
+WHERE scope = $1 AND ($2 = '' OR reason = $2) AND ($3::bigint[] IS NULL OR id = ANY($3))
+ORDER BY id LIMIT $4`, r.cfg.Scope, f.Reason, ids, limit)
+	if err != nil {
+		return nil, fmt.Errorf("consumer: redrive: selecting parked rows of %s: %w", r.table, err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("consumer: redrive: selecting parked rows of %s: %w", r.table, err)
+	}
+	return out, tx.Commit(ctx)
+}
+
+// parkedMsg is a parked row as read back.
+type parkedMsg struct {
+	id        int64
+	key       dedupe.Key
+	hasKey    bool
+	hasMarker bool
+	reason    string
+	attempts  int
+	m         *Message
+}
+
+// one redrives the row id in a transaction of its own.
+func (r *redriver) one(ctx context.Context, id int64) (RedriveItem, error) {
+	it := RedriveItem{ID: id}
+	tx, err := r.db.Begin(ctx)
+	if err != nil {
+		return it, fmt.Errorf("consumer: redrive: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	p, err := r.take(ctx, tx, id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		it.Outcome = RedriveGone
+		return it, nil
+	}
+	if err != nil {
+		return it, err
+	}
+	it.Ref, it.Reason = p.m.Ref, p.reason
+
+	if !p.hasKey {
+		k, kerr := r.deriveKey(p.m)
+		if kerr != nil {
+			it.Outcome, it.Err = RedriveSkipped, kerr
+			return it, nil
+		}
+		p.key, p.hasKey = k, true
+		p.m.DedupeKey = k
+	}
+	var verdict dedupe.Verdict
+	if !p.hasMarker {
+		vs, cerr := r.cfg.Strategy.Claim(ctx, tx, []dedupe.Key{p.key})
+		if cerr == nil && len(vs) != 1 {
+			cerr = fmt.Errorf("claim (%s): %d verdicts for 1 key", r.cfg.Strategy.Name(), len(vs))
+		}
+		var ke *dedupe.KeyError
+		switch {
+		case errors.As(cerr, &ke):
+			it.Outcome, it.Err = RedriveSkipped, ke
+			return it, nil
+		case cerr != nil:
+			return it, fmt.Errorf("consumer: redrive: claim (%s): %w", r.cfg.Strategy.Name(), cerr)
+		}
+		verdict = vs[0]
+		switch verdict {
+		case dedupe.VerdictDuplicate:
+			if err := tx.Commit(ctx); err != nil {
+				return it, fmt.Errorf("consumer: redrive: commit: %w", err)
+			}
+			r.committed(p.key, verdict)
+			it.Outcome = RedriveDuplicate
+			return it, nil
+		case dedupe.VerdictMismatch:
+			it.Outcome, it.Err = RedriveSkipped, fmt.Errorf("key %s was applied before with another payload", p.key)
+			return it, nil
+		case dedupe.VerdictGap:
+			it.Outcome, it.Err = RedriveSkipped, fmt.Errorf("sequence gap: %s is still ahead of its sender's mark", p.key)
+			return it, nil
+		case dedupe.VerdictNew:
+		default:
+			return it, fmt.Errorf("consumer: redrive: claim (%s): invalid verdict %d", r.cfg.Strategy.Name(), verdict)
+		}
+	}
+	if herr := r.call(ctx, tx, p.m); herr != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		it.Outcome, it.Err = RedriveFailed, herr
+		if err := r.recordFailure(ctx, id, herr); err != nil {
+			return it, err
+		}
+		return it, nil
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return it, fmt.Errorf("consumer: redrive: commit: %w", err)
+	}
+	if verdict != 0 {
+		r.committed(p.key, verdict)
+	}
+	it.Outcome = RedriveApplied
+	return it, nil
+}
+
+// take deletes the parked row id, which locks it until tx ends, and
+// rebuilds its message.
+func (r *redriver) take(ctx context.Context, tx pgx.Tx, id int64) (*parkedMsg, error) {
+	var (
+		p                   = &parkedMsg{id: id, m: &Message{}}
+		scope, source, lane string
+		ref                 string
+		dedupeID, sender    *string
+		seq                 *int64
+		fp, key, payload    []byte
+		headers             []byte
+		mt                  *time.Time
+	)
+	err := tx.QueryRow(ctx, `DELETE FROM `+r.table+` WHERE id = $1 AND scope = $2
+RETURNING scope, dedupe_id, sender, seq, fingerprint, has_marker, source, lane, ref,
+    msg_key, payload, headers, message_time, attempts, reason`, id, r.cfg.Scope).Scan(
+		&scope, &dedupeID, &sender, &seq, &fp, &p.hasMarker, &source, &lane, &ref,
+		&key, &payload, &headers, &mt, &p.attempts, &p.reason)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, fmt.Errorf("consumer: redrive: taking parked row %d from %s: %w", id, r.table, err)
+	}
+	m := p.m
+	m.Key, m.Value, m.Source, m.Lane, m.Ref = key, payload, source, lane, ref
+	m.Attempt = p.attempts + 1
+	if mt != nil {
+		m.Time = *mt
+	}
+	hs, err := decodeHeaders(headers)
+	if err != nil {
+		return nil, fmt.Errorf("consumer: redrive: parked row %d: %w", id, err)
+	}
+	m.Headers = hs
+	if dedupeID != nil || sender != nil {
+		p.hasKey = true
+		p.key = dedupe.Key{Scope: scope, Fingerprint: fp}
+		if dedupeID != nil {
+			p.key.ID = *dedupeID
+			m.ID = *dedupeID
+		}
+		if sender != nil {
+			p.key.Sender = *sender
+		}
+		if seq != nil {
+			p.key.Seq = *seq
+		}
+		m.DedupeKey = p.key
+	}
+	return p, nil
+}
+
+// decodeHeaders reverses encodeHeaders.
+func decodeHeaders(raw []byte) ([]Header, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	var js []headerJSON
+	if err := json.Unmarshal(raw, &js); err != nil {
+		return nil, fmt.Errorf("headers: %w", err)
+	}
+	if len(js) == 0 {
+		return nil, nil
+	}
+	out := make([]Header, len(js))
+	for i, j := range js {
+		out[i].Key = j.Key
+		if j.ValueBase64 != "" {
+			v, err := base64.StdEncoding.DecodeString(j.ValueBase64)
+			if err != nil {
+				return nil, fmt.Errorf("header %q: %w", j.Key, err)
+			}
+			out[i].Value = v
+		} else {
+			out[i].Value = []byte(j.Value)
+		}
+	}
+	return out, nil
+}
+
+// deriveKey gives a message parked without a key one, with the KeyFunc.
+func (r *redriver) deriveKey(m *Message) (k dedupe.Key, err error) {
+	if r.cfg.KeyFunc == nil {
+		return k, errors.New("parked without a dedupe key: redrive it with a KeyFunc that derives one")
+	}
+	func() {
+		defer func() {
+			if v := recover(); v != nil {
+				err = &PanicError{Value: v, Stack: debug.Stack()}
+			}
+		}()
+		k, err = r.cfg.KeyFunc(m)
+	}()
+	if err != nil {
+		return k, fmt.Errorf("key: %w", err)
+	}
+	if k.Scope == "" {
+		k.Scope = r.cfg.Scope
+	}
+	if k.Fingerprint == nil && !r.cfg.NoFingerprint {
+		k.Fingerprint = dedupe.Fingerprint(m.Value)
+	}
+	if err := dedupe.Validate(k, r.cfg.MaxKeyLen); err != nil {
+		return k, err
+	}
+	if k.ID == "" && k.Sender == "" {
+		return k, &dedupe.KeyError{Key: k, Reason: "no dedupe key: the message has no ID and no sender"}
+	}
+	if r.checker != nil {
+		if err := r.checker.CheckKey(k); err != nil {
+			return k, err
+		}
+	}
+	return k, nil
+}
+
+// call runs the handler, turning a panic into a *PanicError.
+func (r *redriver) call(ctx context.Context, tx pgx.Tx, m *Message) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	if r.cfg.BatchHandler != nil {
+		return r.cfg.BatchHandler(ctx, tx, []*Message{m})
+	}
+	return r.cfg.Handler(ctx, tx, m)
+}
+
+// recordFailure notes a failed redrive on the row, which stayed parked.
+func (r *redriver) recordFailure(ctx context.Context, id int64, herr error) error {
+	tx, err := r.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("consumer: redrive: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, `UPDATE `+r.table+` SET attempts = attempts + 1, last_error = $2 WHERE id = $1`,
+		id, cleanText("redrive: "+herr.Error())); err != nil {
+		return fmt.Errorf("consumer: redrive: recording failure of parked row %d: %w", id, err)
+	}
+	return tx.Commit(ctx)
+}
+
+func (r *redriver) committed(k dedupe.Key, v dedupe.Verdict) {
+	if r.committer != nil {
+		r.committer.Committed([]dedupe.Key{k}, []dedupe.Verdict{v})
+	}
+}
