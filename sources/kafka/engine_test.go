@@ -1,0 +1,312 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/jackc/pgx/v5"
+	kafkago "github.com/segmentio/kafka-go"
+)
+
+// Tests that run the source under the consumer engine with the idset strategy.
+
+// insertEffects is a BatchHandler writing one effect row per message.
+func insertEffects(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+	ids := make([]string, len(msgs))
+	lanes := make([]string, len(msgs))
+	offs := make([]int64, len(msgs))
+	for i, m := range msgs {
+		ids[i], lanes[i] = m.DedupeKey.ID, m.Lane
+		_, _, offs[i], _ = Position(m)
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO effects (msg_id, lane, off) SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`, ids, lanes, offs)
+	return err
+}
+
+// counts adds up the outcomes the engine reports.
+type counts struct {
+	mu                                  sync.Mutex
+	applied, duplicate, parked, retried int
+	fenced, failed                      int
+}
+
+func (c *counts) BatchDone(_ context.Context, s *consumer.BatchStats) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.applied += s.Applied
+	c.duplicate += s.Duplicate
+	c.parked += s.Parked
+	c.retried += s.Retried
+	if s.Fenced {
+		c.fenced++
+	} else if s.Err != nil {
+		c.failed++
+	}
+}
+
+func (c *counts) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return fmt.Sprintf("applied %d, duplicate %d, parked %d, retried %d, fenced batches %d, failed batches %d",
+		c.applied, c.duplicate, c.parked, c.retried, c.fenced, c.failed)
+}
+
+// engine makes a migrated consumer over src with the idset strategy.
+func (e *env) engine(src consumer.Source, hooks *counts, mutate ...func(*consumer.Config)) *consumer.Consumer {
+	e.t.Helper()
+	strategy, err := idset.New(idset.Config{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cfg := consumer.Config{
+		Name:            "ledger",
+		Strategy:        strategy,
+		BatchHandler:    insertEffects,
+		BatchSize:       500,
+		RetryBackoff:    20 * time.Millisecond,
+		MaxRetryBackoff: 50 * time.Millisecond,
+		Hooks:           []consumer.Hook{hooks},
+		Logger:          testLogger(),
+	}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	c, err := consumer.New(e.pool, src, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := c.Migrate(context.Background()); err != nil {
+		e.t.Fatal(err)
+	}
+	return c
+}
+
+type run struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startRun(c *consumer.Consumer) *run {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &run{cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- c.Run(ctx) }()
+	return r
+}
+
+func (r *run) stop(t *testing.T) {
+	t.Helper()
+	r.cancel()
+	if err := <-r.done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
+// TestEngineResume: a consumer is stopped mid-stream and another of the same
+// group takes over; every message is applied exactly once.
+func TestEngineResume(t *testing.T) {
+	const n = 6000
+	e := newEnv(t, 3)
+	e.produce(0, n/2)
+	h := &counts{}
+	firstSrc := e.source()
+	first := startRun(e.engine(firstSrc, h))
+	e.waitEffects(n/4, 30*time.Second)
+	e.produce(n/2, n)
+	second := startRun(e.engine(e.source(), h))
+	first.stop(t)
+	_ = firstSrc.Close() // leaves the group: the second consumer gets every partition
+	e.waitEffects(n, 30*time.Second)
+	second.stop(t)
+	if rows, distinct := e.effects(); rows != n || distinct != n {
+		t.Fatalf("%d effect rows for %d distinct messages, want %d of each; %s", rows, distinct, n, h)
+	}
+}
+
+// TestEngineProducerDuplicates: a producer sent some events twice (same
+// idempotency-key and payload, different offsets); the idset strategy
+// applies each event once.
+func TestEngineProducerDuplicates(t *testing.T) {
+	const events, dups = 1000, 150
+	e := newEnv(t, 2)
+	var msgs []kafkago.Message
+	for i := range events {
+		m := kafkago.Message{
+			Partition: i % 2, Value: []byte(fmt.Sprintf(`{"n":%d}`, i)),
+			Headers: []kafkago.Header{{Key: DefaultIDHeader, Value: []byte(fmt.Sprintf("evt-%d", i))}},
+		}
+		msgs = append(msgs, m)
+	}
+	msgs = append(msgs, msgs[:dups]...) // the producer's retried sends land later in the log
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := e.kafka.Produce(ctx, e.topic, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	h := &counts{}
+	r := startRun(e.engine(e.source(), h))
+	waitFor(t, 30*time.Second, "every delivery settled", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.applied+h.duplicate >= events+dups
+	})
+	r.stop(t)
+	var rows, distinct int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT msg_id) FROM effects`).Scan(&rows, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	if rows != events || distinct != events || h.duplicate != dups {
+		t.Fatalf("%d effect rows for %d distinct events, want %d; %s", rows, distinct, events, h)
+	}
+}
+
+// TestEngineBadInput: a message without the ID header (its offset is its
+// key), one whose ID header is over the key limit, one whose payload does
+// not decode, and one the handler always fails: the first is applied, the
+// others parked, and the partition keeps moving past them.
+func TestEngineBadInput(t *testing.T) {
+	e := newEnv(t, 1)
+	ok := func(i int) kafkago.Message {
+		return kafkago.Message{Value: []byte(fmt.Sprintf(`{"amount":%d}`, i)),
+			Headers: []kafkago.Header{{Key: DefaultIDHeader, Value: []byte(fmt.Sprintf("evt-%d", i))}}}
+	}
+	msgs := []kafkago.Message{
+		ok(0),
+		{Value: []byte(`{"amount":1}`)}, // no header: key "topic/0/1"
+		{Value: []byte(`{"amount":2}`), Headers: []kafkago.Header{{Key: DefaultIDHeader, Value: []byte(strings.Repeat("k", 600))}}},
+		{Value: []byte(`not json`), Headers: []kafkago.Header{{Key: DefaultIDHeader, Value: []byte("evt-3")}}},
+		{Value: []byte(`{"amount":-1}`), Headers: []kafkago.Header{{Key: DefaultIDHeader, Value: []byte("evt-4")}}},
+		ok(5), ok(6), ok(7),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := e.kafka.Produce(ctx, e.topic, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	type transfer struct {
+		Amount int `json:"amount"`
+	}
+	h := &counts{}
+	var fails atomic.Int32
+	c := e.engine(e.source(), h, func(cfg *consumer.Config) {
+		cfg.BatchHandler = nil
+		cfg.MaxAttempts = 3
+		cfg.Handler = consumer.JSON(func(ctx context.Context, tx pgx.Tx, m *consumer.Message, v transfer) error {
+			if v.Amount < 0 {
+				fails.Add(1)
+				return errors.New("negative amount")
+			}
+			return insertEffects(ctx, tx, []*consumer.Message{m})
+		})
+	})
+	r := startRun(c)
+	waitFor(t, 30*time.Second, "the partition to pass the bad messages", func() bool {
+		return e.storedOffsets()[0][0] == int64(len(msgs))
+	})
+	r.stop(t)
+
+	rows, err := e.pool.Query(ctx, `SELECT msg_id FROM effects ORDER BY off`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"evt-0", e.topic + "/0/1", "evt-5", "evt-6", "evt-7"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("applied %v, want %v", got, want)
+	}
+	prows, err := e.pool.Query(ctx, `SELECT ref, reason FROM effectively.parked ORDER BY ref`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parked, err := pgx.CollectRows(prows, func(r pgx.CollectableRow) (string, error) {
+		var ref, reason string
+		err := r.Scan(&ref, &reason)
+		return ref + " " + reason, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantParked := []string{
+		e.topic + "/0@2 " + consumer.ReasonInvalidKey,
+		e.topic + "/0@3 " + consumer.ReasonPermanent,
+		e.topic + "/0@4 " + consumer.ReasonMaxAttempts,
+	}
+	if fmt.Sprint(parked) != fmt.Sprint(wantParked) {
+		t.Errorf("parked %v, want %v", parked, wantParked)
+	}
+	if fails.Load() != 3 {
+		t.Errorf("the failing message was tried %d times, want 3", fails.Load())
+	}
+}
+
+// lostAcks passes everything to its Source but, once armed, drops Settle
+// calls: the process dies after the transaction committed and before
+// anything reached Kafka.
+type lostAcks struct {
+	*Source
+	armed atomic.Bool
+}
+
+func (l *lostAcks) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.Message, retry []consumer.Retry) error {
+	if l.armed.Load() {
+		return nil
+	}
+	return l.Source.Settle(ctx, b, ack, retry)
+}
+
+// TestEngineCrashBeforeKafkaCommit: the consumer dies after its
+// transactions committed and before their offsets reached Kafka. With
+// offsets in Postgres the next consumer starts after them (nothing is
+// delivered again); with KafkaOffsetsOnly they are delivered again and the
+// strategy recognises them as duplicates. Either way: no second effect.
+func TestEngineCrashBeforeKafkaCommit(t *testing.T) {
+	for _, kafkaOnly := range []bool{false, true} {
+		t.Run(fmt.Sprintf("KafkaOffsetsOnly=%v", kafkaOnly), func(t *testing.T) {
+			const n = 2000
+			e := newEnv(t, 2)
+			opt := func(c *Config) { c.KafkaOffsetsOnly = kafkaOnly }
+			e.produce(0, n/2)
+			h := &counts{}
+			src := &lostAcks{Source: e.source(opt)}
+			r := startRun(e.engine(src, h))
+			e.waitEffects(n/4, 30*time.Second)
+			src.armed.Store(true)
+			e.produce(n/2, n)
+			e.waitEffects(n/2+1, 30*time.Second) // a batch committed whose ack is lost
+			r.stop(t)
+			_ = src.Close()
+
+			h2 := &counts{}
+			r = startRun(e.engine(e.source(opt), h2))
+			e.waitEffects(n, 30*time.Second)
+			waitFor(t, 30*time.Second, "the log to be consumed", func() bool {
+				h2.mu.Lock()
+				defer h2.mu.Unlock()
+				h.mu.Lock()
+				defer h.mu.Unlock()
+				return h.applied+h2.applied+h2.duplicate >= n
+			})
+			r.stop(t)
+			if rows, distinct := e.effects(); rows != n || distinct != n {
+				t.Fatalf("%d effect rows for %d distinct messages, want %d of each; first %s; second %s", rows, distinct, n, h, h2)
+			}
+			if kafkaOnly && h2.duplicate == 0 {
+				t.Errorf("no redelivery after the lost Kafka commit: %s", h2)
+			}
+			if !kafkaOnly && h2.duplicate != 0 {
+				t.Errorf("offsets in Postgres, yet %d messages were delivered again", h2.duplicate)
+			}
+			t.Logf("first: %s; second: %s", h, h2)
+		})
+	}
+}
