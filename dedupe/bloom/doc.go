@@ -78,6 +78,13 @@
 // different partitions, the lock is what does.) Claim therefore requires a
 // READ COMMITTED transaction and returns ErrIsolation otherwise.
 //
+// The key locks live in PostgreSQL's shared lock table until the claiming
+// transaction ends. That table holds max_locks_per_transaction ×
+// (max_connections + background workers) entries for all sessions together
+// (about 7,800 with the defaults), so size it for the concurrent claimers
+// times their batch size: eight lanes claiming 1,000 keys each need
+// max_locks_per_transaction = 128 at 100 connections, or smaller batches.
+//
 // Sealing relies on the gate. A seal waits (at most Config.SealTimeout)
 // until it holds the gate exclusively, which means no claim is in flight,
 // and reads the database clock T while holding it. Every claim that writes
@@ -88,7 +95,7 @@
 //
 // # Operation
 //
-// Apply Migrations with dedupe.Migrate, run Maintain once and then
+// Apply the migrations and run Maintain once (Migrate does both), then run
 // RunMaintenance in the background (it runs just after every slice boundary
 // too, so the closed slice is sealed at once), and call Warm at start to
 // build the filters from the live partitions, streaming, with progress
