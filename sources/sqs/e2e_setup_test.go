@@ -19,7 +19,7 @@ import (
 
 // e2e is one end-to-end test's queue, database and effect table.
 type e2e struct {
-	t      *testing.T
+	t      testing.TB
 	c      *awssqs.Client
 	queue  string
 	pool   *pgxpool.Pool
@@ -27,7 +27,7 @@ type e2e struct {
 	logger *slog.Logger
 }
 
-func newE2E(t *testing.T, queue string) *e2e {
+func newE2E(t testing.TB, queue string) *e2e {
 	t.Helper()
 	pool := pgtest.NewPool(t)
 	_, err := pool.Exec(context.Background(), `CREATE TABLE effects (
