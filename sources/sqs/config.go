@@ -53,10 +53,9 @@ type Config struct {
 	// between 1 and 10. Defaults to 10.
 	MaxMessages int
 	// WaitTime is the long-polling wait of one ReceiveMessage call, in whole
-	// seconds up to 20s. Defaults to 20s. Set NoWait for short polling.
+	// seconds from 1s to 20s. Close waits for the polls in progress, so it
+	// can take this long. Defaults to 20s.
 	WaitTime time.Duration
-	// NoWait turns long polling off (WaitTime 0). Defaults to false.
-	NoWait bool
 	// VisibilityTimeout is asked for on every receive and renewed by the
 	// heartbeat while the source holds a message: how long a message stays
 	// hidden from other workers if this one stops heartbeating (crashes).
@@ -130,11 +129,8 @@ func (c Config) withDefaults() Config {
 	if c.MaxMessages == 0 {
 		c.MaxMessages = maxPerReceive
 	}
-	if c.WaitTime == 0 && !c.NoWait {
+	if c.WaitTime == 0 {
 		c.WaitTime = maxWait
-	}
-	if c.NoWait {
-		c.WaitTime = 0
 	}
 	if c.VisibilityTimeout == 0 {
 		c.VisibilityTimeout = defaultVisibility
@@ -178,7 +174,7 @@ func (c Config) validate() error {
 		return bad("Receivers", "must be at least 1, got %d", c.Receivers)
 	case c.MaxMessages < 0 || c.MaxMessages > maxPerReceive:
 		return bad("MaxMessages", "must be between 1 and %d, got %d", maxPerReceive, c.MaxMessages)
-	case c.WaitTime < 0 || c.WaitTime > maxWait || !whole(c.WaitTime):
+	case c.WaitTime < time.Second || c.WaitTime > maxWait || !whole(c.WaitTime):
 		return bad("WaitTime", "must be whole seconds from 1s to %s, got %s", maxWait, c.WaitTime)
 	case c.VisibilityTimeout < time.Second || c.VisibilityTimeout > maxVisibility || !whole(c.VisibilityTimeout):
 		return bad("VisibilityTimeout", "must be whole seconds from 1s to %s, got %s", maxVisibility, c.VisibilityTimeout)

@@ -38,8 +38,16 @@
 // every receive, including those after a crash. An abandoned message (in
 // neither list) is only no longer renewed, and reappears when its
 // visibility timeout runs out. On a FIFO queue a retried or abandoned
-// message also hands back the messages of its group received after it, so
-// SQS delivers the group again in order.
+// message also hands back the messages of its group that the source holds
+// but has not handed out yet, so SQS delivers them again after it, in order.
+// Messages after it in the same batch that the consumer acknowledged stay
+// acknowledged: strict order across a retry needs the consumer to hand back
+// the rest of the batch's group as well.
+//
+// Close stops the receivers, letting their long polls in progress end (a
+// cancelled long poll can still take messages on the server side, which
+// would then stay hidden for a visibility timeout), and makes the messages
+// received but never fetched visible again at once.
 //
 // # Exhausted messages
 //

@@ -101,7 +101,6 @@ type entry struct {
 	receipt string
 	info    Info
 	recv    int // index of the receiver that received it
-	lane    *lane
 
 	unreadable *UnreadableError
 

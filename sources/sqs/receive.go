@@ -103,7 +103,6 @@ func (s *Source) receive(i int) {
 				l = &lane{name: name}
 				s.lanes[name] = l
 			}
-			e.lane = l
 			e.msg.Lane = name
 			l.pending = append(l.pending, e)
 			s.held[e] = struct{}{}
