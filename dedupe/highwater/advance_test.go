@@ -168,3 +168,24 @@ func TestReorderWindow(t *testing.T) {
 		}
 	}
 }
+
+// TestStuckWarningWithoutRedelivery: a stuck sender is still reported when
+// its held messages stop coming (parked after too many gap deliveries, say),
+// as long as claims of other senders run.
+func TestStuckWarningWithoutRedelivery(t *testing.T) {
+	t.Parallel()
+	pool, _ := newPool(t)
+	var logs logBuffer
+	s := newStrategy(t, pool, highwater.Config{StuckAfter: 20 * time.Millisecond, Logger: logs.logger()})
+	claimTx(t, pool, s, keys("x", 1, 3), nil)
+	if strings.Contains(logs.String(), "stuck") {
+		t.Fatalf("warned at once: %s", logs.String())
+	}
+	time.Sleep(30 * time.Millisecond)
+	claimTx(t, pool, s, keys("y", 1), nil)
+	for _, want := range []string{"stuck", "sender=x", "mark=1", "lowest_held=3"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, logs.String())
+		}
+	}
+}

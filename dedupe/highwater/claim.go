@@ -63,6 +63,12 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 			return nil, err
 		}
 	}
+	if stuck := s.stuck.overdue(time.Now(), s.cfg.StuckAfter); stuck != nil {
+		now := time.Now()
+		for i := range stuck {
+			logStuck(s.logger(), &stuck[i], now)
+		}
+	}
 	verdicts := make([]dedupe.Verdict, len(keys))
 	groups := make(map[string]*group)
 	var todo []*group

@@ -61,7 +61,8 @@ type Config struct {
 	// numbering. Defaults to 1,000.
 	ReorderWindow int64
 	// StuckAfter is how long a sender may wait behind a missing seq before
-	// it is logged as stuck. Defaults to 1m.
+	// it is logged as stuck, with a warning repeated every StuckAfter while
+	// it stays stuck (checked as claims run). Defaults to 1m.
 	StuckAfter time.Duration
 	// MaxKeyLen is the longest scope and sender, in bytes. Defaults to
 	// dedupe.DefaultMaxIDLen (512).

@@ -24,8 +24,9 @@ type StuckSender struct {
 // stuckSet tracks, in memory, the senders that returned a gap and have not
 // moved past it yet.
 type stuckSet struct {
-	mu      sync.Mutex
-	senders map[string]*stuckEntry
+	mu       sync.Mutex
+	senders  map[string]*stuckEntry
+	lastScan time.Time
 }
 
 type stuckEntry struct {
@@ -57,6 +58,27 @@ func (s *stuckSet) held(scope, sender string, key string, mark, lowest int64, no
 		return &w
 	}
 	return nil
+}
+
+// overdue returns the senders stuck for longer than after that were not
+// warned about in the last after. It scans at most once per after/4, so
+// that senders whose held messages are no longer delivered (parked, say)
+// are still reported.
+func (s *stuckSet) overdue(now time.Time, after time.Duration) []StuckSender {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.senders) == 0 || now.Sub(s.lastScan) < after/4 {
+		return nil
+	}
+	s.lastScan = now
+	var out []StuckSender
+	for _, e := range s.senders {
+		if now.Sub(e.Since) >= after && now.Sub(e.warned) >= after {
+			e.warned = now
+			out = append(out, e.StuckSender)
+		}
+	}
+	return out
 }
 
 // progressed records that a sender's mark reached at least mark, and forgets
