@@ -70,6 +70,14 @@ type Config struct {
 	// messages are kept invisible by the heartbeat. Defaults to 100.
 	BufferSize int
 
+	// GroupBatchSize caps how many messages of one FIFO message group a
+	// batch holds. The consumer acknowledges the messages of a batch that
+	// succeeded even when an earlier one of the same group is retried, so
+	// only 1 keeps a group's order strict across retries. Larger values make
+	// fewer, bigger transactions for busy groups and keep order as long as no
+	// message fails. Defaults to 1.
+	GroupBatchSize int
+
 	// IDAttribute is the message attribute whose value is the default dedupe
 	// ID on a standard queue. A message without it falls back to its SQS
 	// MessageId, which only recognises redeliveries of the same SQS message,
@@ -141,6 +149,9 @@ func (c Config) withDefaults() Config {
 	if c.BufferSize == 0 {
 		c.BufferSize = 100
 	}
+	if c.GroupBatchSize == 0 {
+		c.GroupBatchSize = 1
+	}
 	if c.IDAttribute == "" {
 		c.IDAttribute = DefaultIDAttribute
 	}
@@ -183,6 +194,8 @@ func (c Config) validate() error {
 	case c.HeartbeatInterval > c.VisibilityTimeout-minHeartbeatMargin:
 		return bad("HeartbeatInterval", "%s cannot beat the visibility timeout of %s: it must be shorter by at least %s, so a renewal arrives before messages become visible again",
 			c.HeartbeatInterval, c.VisibilityTimeout, minHeartbeatMargin)
+	case c.GroupBatchSize < 0:
+		return bad("GroupBatchSize", "must be at least 1, got %d", c.GroupBatchSize)
 	case c.BufferSize < 0:
 		return bad("BufferSize", "must be at least 1, got %d", c.BufferSize)
 	}

@@ -41,8 +41,8 @@
 // message also hands back the messages of its group that the source holds
 // but has not handed out yet, so SQS delivers them again after it, in order.
 // Messages after it in the same batch that the consumer acknowledged stay
-// acknowledged: strict order across a retry needs the consumer to hand back
-// the rest of the batch's group as well.
+// acknowledged, which is why a FIFO batch holds one message unless
+// Config.GroupBatchSize allows more.
 //
 // Close stops the receivers, letting their long polls in progress end (a
 // cancelled long poll can still take messages on the server side, which

@@ -252,6 +252,9 @@ func (s *Source) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
 				continue
 			}
 			n := min(max, len(l.pending))
+			if s.fifo {
+				n = min(n, s.cfg.GroupBatchSize)
+			}
 			b := &consumer.Batch{Lane: l.name, Messages: make([]*consumer.Message, n), SourceData: l}
 			for i, e := range l.pending[:n] {
 				b.Messages[i] = e.msg

@@ -54,6 +54,8 @@ func TestConfigErrors(t *testing.T) {
 		{"heartbeat without margin", sqs.Config{QueueName: "q", VisibilityTimeout: 10 * time.Second, HeartbeatInterval: 9800 * time.Millisecond}, "HeartbeatInterval"},
 		{"negative heartbeat", sqs.Config{QueueName: "q", HeartbeatInterval: -time.Second}, "HeartbeatInterval"},
 		{"negative buffer", sqs.Config{QueueName: "q", BufferSize: -1}, "BufferSize"},
+		{"negative group batch", sqs.Config{QueueName: "q", GroupBatchSize: -1}, "GroupBatchSize"},
+		{"no wait", sqs.Config{QueueName: "q", WaitTime: -time.Second}, "WaitTime"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := sqs.New(context.Background(), tc.cfg)
