@@ -1,0 +1,50 @@
+// Package prometheus exports a consumer's batches, messages and dedupe
+// strategies as Prometheus metrics. It lives in its own package so that the
+// core carries no dependency on the Prometheus client.
+//
+// Create a Metrics, register it, and pass it to the consumer as a hook:
+//
+//	m, err := prometheus.New(prometheus.Options{})
+//	if err != nil { ... }
+//	registry.MustRegister(m)
+//	c, err := consumer.New(db, src, consumer.Config{..., Hooks: []consumer.Hook{m}})
+//
+// One Metrics may serve several consumers: every series carries a consumer
+// label (Config.Name). Lanes (Kafka partitions, SQS FIFO groups) are not a
+// label of the batch and message series, since their number is unbounded;
+// they appear only in the lag gauge, which the caller sets per lane.
+//
+// # Metrics
+//
+// With the default namespace "effectively":
+//
+//	effectively_messages_total{consumer,outcome}       counter; outcome is applied, duplicate,
+//	                                                    mismatch, parked, retried or gap (gap
+//	                                                    messages are also counted as retried)
+//	effectively_batches_total{consumer,result}          counter; result is ok, isolated (committed
+//	                                                    after a handler failure was isolated),
+//	                                                    fenced or error (rolled back)
+//	effectively_batch_size{consumer}                    histogram of messages fetched per batch
+//	effectively_batch_duration_seconds{consumer}        histogram, fetch to settled
+//	effectively_claim_duration_seconds{consumer,strategy}
+//	effectively_handle_duration_seconds{consumer}
+//	effectively_commit_duration_seconds{consumer}
+//	effectively_ack_duration_seconds{consumer}          histograms of the batch's phases; a phase
+//	                                                    that did not run is not observed
+//	effectively_message_age_seconds{consumer}           histogram: from the broker accepting a message
+//	                                                    (Message.Time) to its batch being settled,
+//	                                                    for applied messages
+//	effectively_lag_messages{consumer,lane}             gauge, set with SetLag
+//
+// WatchHighwater and WatchBloom add a strategy's own counters
+// (effectively_highwater_*, effectively_bloom_*), read from its Stats at
+// each scrape; see their documentation for the names.
+//
+// # Lag
+//
+// The consumer cannot know how far behind its source it is; the source or
+// the application can. Report it with SetLag (messages behind, per lane) from
+// wherever it is known, for example a goroutine that compares a Kafka
+// partition's end offset with the committed offset every few seconds, and
+// remove a lane that moved to another process with DeleteLag.
+package prometheus

@@ -1,0 +1,218 @@
+package prometheus
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/effectively-once/effectively/consumer"
+	prom "github.com/prometheus/client_golang/prometheus"
+)
+
+const (
+	labelConsumer = "consumer"
+	labelOutcome  = "outcome"
+	labelResult   = "result"
+	labelStrategy = "strategy"
+	labelLane     = "lane"
+)
+
+// Values of the outcome label of messages_total.
+var outcomes = []string{"applied", "duplicate", "mismatch", "parked", "retried", "gap"}
+
+// Values of the result label of batches_total.
+const (
+	resultOK       = "ok"
+	resultIsolated = "isolated"
+	resultFenced   = "fenced"
+	resultError    = "error"
+)
+
+var results = []string{resultOK, resultIsolated, resultFenced, resultError}
+
+// Metrics turns consumer hook calls into Prometheus metrics. It implements
+// consumer.Hook, consumer.BatchStartHook and consumer.MessageHook, to pass
+// in consumer.Config.Hooks, and prometheus.Collector, to register. It is
+// safe for concurrent use by several consumers.
+type Metrics struct {
+	opts Options
+
+	messages  *prom.CounterVec
+	batches   *prom.CounterVec
+	size      *prom.HistogramVec
+	duration  *prom.HistogramVec
+	claim     *prom.HistogramVec
+	handle    *prom.HistogramVec
+	commit    *prom.HistogramVec
+	ack       *prom.HistogramVec
+	age       *prom.HistogramVec
+	lag       *prom.GaugeVec
+	collected []prom.Collector
+
+	series sync.Map // consumer name → *series
+
+	strategies strategyMetrics
+}
+
+var (
+	_ consumer.Hook           = (*Metrics)(nil)
+	_ consumer.BatchStartHook = (*Metrics)(nil)
+	_ consumer.MessageHook    = (*Metrics)(nil)
+	_ prom.Collector          = (*Metrics)(nil)
+)
+
+// New returns Metrics configured by opts. Register it with a
+// prometheus.Registerer to export it.
+func New(opts Options) (*Metrics, error) {
+	opts = opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	ns, cl := opts.Namespace, prom.Labels(opts.ConstLabels)
+	counter := func(name, help string, labels ...string) *prom.CounterVec {
+		return prom.NewCounterVec(prom.CounterOpts{Namespace: ns, Name: name, Help: help, ConstLabels: cl}, labels)
+	}
+	histogram := func(name, help string, buckets []float64, labels ...string) *prom.HistogramVec {
+		return prom.NewHistogramVec(prom.HistogramOpts{Namespace: ns, Name: name, Help: help, ConstLabels: cl, Buckets: buckets}, labels)
+	}
+	d := opts.DurationBuckets
+	m := &Metrics{
+		opts: opts,
+		messages: counter("messages_total",
+			"Messages by outcome: applied, duplicate, mismatch, parked, retried, and gap (retried because their sequence number was ahead; also counted as retried).",
+			labelConsumer, labelOutcome),
+		batches: counter("batches_total",
+			"Batches by result: ok, isolated (committed after isolating a failing handler), fenced (dropped: the lane has a newer owner) or error (rolled back and redelivered).",
+			labelConsumer, labelResult),
+		size:     histogram("batch_size", "Messages fetched per batch.", opts.BatchSizeBuckets, labelConsumer),
+		duration: histogram("batch_duration_seconds", "Time from a batch's start to its settlement with the source.", d, labelConsumer),
+		claim:    histogram("claim_duration_seconds", "Time the dedupe strategy spent claiming a batch's keys.", d, labelConsumer, labelStrategy),
+		handle:   histogram("handle_duration_seconds", "Time spent in the handler for a batch.", d, labelConsumer),
+		commit:   histogram("commit_duration_seconds", "Time to commit a batch's transaction.", d, labelConsumer),
+		ack:      histogram("ack_duration_seconds", "Time to acknowledge a committed batch to its source.", d, labelConsumer),
+		age: histogram("message_age_seconds",
+			"Time from the broker accepting an applied message to its batch being settled.", opts.MessageAgeBuckets, labelConsumer),
+		lag: prom.NewGaugeVec(prom.GaugeOpts{Namespace: ns, Name: "lag_messages", ConstLabels: cl,
+			Help: "Messages the consumer is behind its source, per lane, as last reported with SetLag."}, []string{labelConsumer, labelLane}),
+		strategies: newStrategyMetrics(ns, cl),
+	}
+	m.collected = []prom.Collector{m.messages, m.batches, m.size, m.duration, m.claim, m.handle, m.commit, m.ack, m.age, m.lag}
+	return m, nil
+}
+
+// series are one consumer's children of the vectors, created with zero
+// values the first time the consumer reports, so that rates of outcomes
+// that have not happened yet are 0 rather than missing.
+type series struct {
+	messages map[string]prom.Counter
+	batches  map[string]prom.Counter
+	size     prom.Observer
+	duration prom.Observer
+	handle   prom.Observer
+	commit   prom.Observer
+	ack      prom.Observer
+	age      prom.Observer
+}
+
+func (m *Metrics) seriesOf(name string) *series {
+	if s, ok := m.series.Load(name); ok {
+		return s.(*series)
+	}
+	s := &series{
+		messages: make(map[string]prom.Counter, len(outcomes)),
+		batches:  make(map[string]prom.Counter, len(results)),
+		size:     m.size.WithLabelValues(name),
+		duration: m.duration.WithLabelValues(name),
+		handle:   m.handle.WithLabelValues(name),
+		commit:   m.commit.WithLabelValues(name),
+		ack:      m.ack.WithLabelValues(name),
+		age:      m.age.WithLabelValues(name),
+	}
+	for _, o := range outcomes {
+		s.messages[o] = m.messages.WithLabelValues(name, o)
+	}
+	for _, r := range results {
+		s.batches[r] = m.batches.WithLabelValues(name, r)
+	}
+	actual, _ := m.series.LoadOrStore(name, s)
+	return actual.(*series)
+}
+
+type batchKey struct{}
+
+// BatchStart implements consumer.BatchStartHook. It notes the consumer's
+// name in the batch's context for MessageDone.
+func (m *Metrics) BatchStart(ctx context.Context, consumerName, _ string, _ int) context.Context {
+	return context.WithValue(ctx, batchKey{}, m.seriesOf(consumerName))
+}
+
+// BatchDone implements consumer.Hook.
+func (m *Metrics) BatchDone(_ context.Context, st *consumer.BatchStats) {
+	s := m.seriesOf(st.Consumer)
+	add := func(outcome string, n int) {
+		if n > 0 {
+			s.messages[outcome].Add(float64(n))
+		}
+	}
+	add("applied", st.Applied)
+	add("duplicate", st.Duplicate)
+	add("mismatch", st.Mismatch)
+	add("parked", st.Parked)
+	add("retried", st.Retried)
+	add("gap", st.Gap)
+
+	result := resultOK
+	switch {
+	case st.Fenced:
+		result = resultFenced
+	case st.Err != nil:
+		result = resultError
+	case st.Isolated:
+		result = resultIsolated
+	}
+	s.batches[result].Inc()
+
+	s.size.Observe(float64(st.Size))
+	s.duration.Observe(st.Total.Seconds())
+	if st.Claim > 0 {
+		m.claim.WithLabelValues(st.Consumer, st.Strategy).Observe(st.Claim.Seconds())
+	}
+	if st.Handle > 0 {
+		s.handle.Observe(st.Handle.Seconds())
+	}
+	if st.Commit > 0 {
+		s.commit.Observe(st.Commit.Seconds())
+	}
+	if st.Err == nil && st.Ack > 0 {
+		s.ack.Observe(st.Ack.Seconds())
+	}
+}
+
+// MessageDone implements consumer.MessageHook. It observes the age of
+// applied messages whose source reports when it accepted them.
+func (m *Metrics) MessageDone(ctx context.Context, msg *consumer.Message, o consumer.Outcome, _ error) {
+	if o != consumer.OutcomeApplied || msg.Time.IsZero() {
+		return
+	}
+	s, ok := ctx.Value(batchKey{}).(*series)
+	if !ok {
+		return // BatchStart was not called with this context
+	}
+	s.age.Observe(time.Since(msg.Time).Seconds())
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prom.Desc) {
+	for _, c := range m.collected {
+		c.Describe(ch)
+	}
+	m.strategies.describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (m *Metrics) Collect(ch chan<- prom.Metric) {
+	for _, c := range m.collected {
+		c.Collect(ch)
+	}
+	m.strategies.collect(ch)
+}

@@ -1,0 +1,316 @@
+package prometheus_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/metrics/prometheus"
+	"github.com/jackc/pgx/v5"
+	prom "github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// TestCountersMatchKnownTraffic publishes a known mix of messages (new ones,
+// producer duplicates, reused keys with another payload, poison messages,
+// transient failures, and one batch whose commit fails) and checks every
+// counter of a scrape against it, exactly.
+func TestCountersMatchKnownTraffic(t *testing.T) {
+	t.Parallel()
+	const (
+		n          = 300 // distinct messages
+		dups       = 25  // producer duplicates: same ID and payload again
+		mismatches = 5   // same ID, another payload
+		poison     = 8   // refused by the handler: parked
+		transient  = 5   // fail once, then apply
+		lanes      = 4   // lanes for the messages above; the bomb has its own
+	)
+	pool := newPool(t)
+	ctx := context.Background()
+	// A deferred unique constraint lets a handler make the commit itself
+	// fail: the whole batch rolls back.
+	if _, err := pool.Exec(ctx, `CREATE TABLE bomb (k text UNIQUE DEFERRABLE INITIALLY DEFERRED)`); err != nil {
+		t.Fatal(err)
+	}
+	broker := consumertest.New(consumertest.Config{Lanes: lanes + 1})
+
+	// Message i goes to lane i%lanes. The sets are disjoint: poison
+	// i%40==3, transient i%60==10, duplicated i%12==1, mismatched i%60==5.
+	isPoison := func(i int) bool { return i%40 == 3 }
+	isTransient := func(i int) bool { return i%60 == 10 }
+	var gotPoison, gotTransient int
+	for i := range n {
+		body := "payload " + id("m", i)
+		if isPoison(i) {
+			body = "poison"
+			gotPoison++
+		}
+		if isTransient(i) {
+			gotTransient++
+		}
+		broker.Publish(i, consumer.Message{ID: id("m", i), Value: []byte(body)})
+	}
+	if gotPoison != poison || gotTransient != transient {
+		t.Fatalf("test setup: %d poison, %d transient", gotPoison, gotTransient)
+	}
+	for k, i := 0, 1; k < dups; k, i = k+1, i+12 {
+		broker.Publish(i, consumer.Message{ID: id("m", i), Value: []byte("payload " + id("m", i))})
+	}
+	for k, i := 0, 5; k < mismatches; k, i = k+1, i+60 {
+		broker.Publish(i, consumer.Message{ID: id("m", i), Value: []byte("another payload")})
+	}
+	// The bomb's lane: a few ordinary messages and one whose first
+	// attempt breaks the commit.
+	for i := range 5 {
+		broker.Publish(lanes, consumer.Message{ID: id("b", i), Value: []byte("bomb lane")})
+	}
+
+	var mu sync.Mutex
+	failed := map[string]bool{}
+	firstTime := func(id string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if failed[id] {
+			return false
+		}
+		failed[id] = true
+		return true
+	}
+	handler := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if string(m.Value) == "poison" {
+			return consumer.Permanent(errors.New("poison"))
+		}
+		var i int
+		if _, err := fmtSscanf(m.ID, "m-%d", &i); err == nil && isTransient(i) && firstTime(m.ID) {
+			return errors.New("transient failure")
+		}
+		if m.ID == id("b", 2) && firstTime(m.ID) {
+			if _, err := tx.Exec(ctx, `INSERT INTO bomb VALUES ('x'), ('x')`); err != nil {
+				return err
+			}
+		}
+		return insertEffect(ctx, tx, m)
+	}
+
+	metrics, err := prometheus.New(prometheus.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prom.NewPedanticRegistry()
+	reg.MustRegister(metrics)
+	stats := &statsHook{}
+	strategy, err := idset.New(idset.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, pool, broker, consumer.Config{
+		Name: "orders", Strategy: strategy, Handler: handler, BatchSize: 20,
+		Hooks: []consumer.Hook{metrics, stats},
+	})
+
+	s := gather(t, reg)
+	msgs := func(outcome string) float64 {
+		return s.value(t, "effectively_messages_total", "consumer=orders", "outcome="+outcome)
+	}
+	wantApplied := n - poison + 5
+	for _, c := range []struct {
+		outcome string
+		want    int
+	}{
+		{"applied", wantApplied},
+		{"duplicate", dups},
+		{"mismatch", mismatches},
+		{"parked", poison},
+		{"retried", transient},
+		{"gap", 0},
+	} {
+		if got := msgs(c.outcome); got != float64(c.want) {
+			t.Errorf("messages_total{outcome=%q} = %v, want %d", c.outcome, got, c.want)
+		}
+	}
+	// The promise, seen from the database.
+	if rows, distinct := effects(t, pool); rows != wantApplied || distinct != wantApplied {
+		t.Errorf("effects: %d rows for %d messages, want %d of each", rows, distinct, wantApplied)
+	}
+
+	// Batches: the scrape agrees with the consumer's own reports, and one
+	// batch rolled back.
+	sum, results := stats.total()
+	var batches float64
+	for _, r := range []string{"ok", "isolated", "fenced", "error"} {
+		got := s.value(t, "effectively_batches_total", "consumer=orders", "result="+r)
+		if got != float64(results[r]) {
+			t.Errorf("batches_total{result=%q} = %v, want %d", r, got, results[r])
+		}
+		batches += got
+	}
+	if results["error"] != 1 || results["fenced"] != 0 {
+		t.Errorf("batch results %v: want exactly one error (the failed commit) and no fenced", results)
+	}
+	if batches == 0 {
+		t.Fatal("no batches counted")
+	}
+	delivered := broker.Stats().Delivered
+	if count, total := s.histogram(t, "effectively_batch_size", "consumer=orders"); count != uint64(batches) || total != float64(delivered) || sum.Size != delivered {
+		t.Errorf("batch_size: %d batches of %v messages in all; want %v batches, %d deliveries", count, total, batches, delivered)
+	}
+	if count, _ := s.histogram(t, "effectively_batch_duration_seconds", "consumer=orders"); count != uint64(batches) {
+		t.Errorf("batch_duration_seconds count %d, want %v", count, batches)
+	}
+	settled := uint64(results["ok"] + results["isolated"])
+	for _, h := range []string{"effectively_commit_duration_seconds", "effectively_ack_duration_seconds"} {
+		if count, total := s.histogram(t, h, "consumer=orders"); count != settled || total <= 0 {
+			t.Errorf("%s: count %d sum %v, want count %d (committed batches) and a positive sum", h, count, total, settled)
+		}
+	}
+	// Handlers also ran in the batch whose commit failed.
+	if count, total := s.histogram(t, "effectively_handle_duration_seconds", "consumer=orders"); count != settled+1 || total <= 0 {
+		t.Errorf("handle_duration_seconds: count %d sum %v, want count %d", count, total, settled+1)
+	}
+	if count, _ := s.histogram(t, "effectively_claim_duration_seconds", "consumer=orders", "strategy=idset"); count < settled {
+		t.Errorf("claim_duration_seconds{strategy=idset} count %d, want at least %d", count, settled)
+	}
+	if count, total := s.histogram(t, "effectively_message_age_seconds", "consumer=orders"); count != uint64(wantApplied) || total <= 0 {
+		t.Errorf("message_age_seconds: count %d sum %v, want count %d", count, total, wantApplied)
+	}
+
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint: %s: %s", p.Metric, p.Text)
+	}
+}
+
+// TestCountersUnderRedelivery runs through a broker that duplicates
+// deliveries and loses acknowledgements: every delivery is counted under
+// exactly one outcome, and applied and parked stay exact.
+func TestCountersUnderRedelivery(t *testing.T) {
+	t.Parallel()
+	const n, poison = 400, 8
+	pool := newPool(t)
+	broker := consumertest.New(consumertest.Config{Lanes: 4, DuplicateRate: 0.3, LostAckRate: 0.05, Seed: 7})
+	for i := range n {
+		body := "payload"
+		if i%50 == 0 {
+			body = "poison"
+		}
+		broker.Publish(i, consumer.Message{ID: id("m", i), Value: []byte(body)})
+	}
+	handler := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if string(m.Value) == "poison" {
+			return consumer.Permanent(errors.New("poison"))
+		}
+		return insertEffect(ctx, tx, m)
+	}
+	metrics, err := prometheus.New(prometheus.Options{Namespace: "acme", ConstLabels: map[string]string{"service": "billing"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prom.NewPedanticRegistry()
+	reg.MustRegister(metrics)
+	strategy, err := idset.New(idset.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, pool, broker, consumer.Config{Name: "ledger", Strategy: strategy, Handler: handler, BatchSize: 25, Hooks: []consumer.Hook{metrics}})
+
+	s := gather(t, reg)
+	var all float64
+	got := map[string]float64{}
+	for _, o := range []string{"applied", "duplicate", "mismatch", "parked", "retried"} {
+		got[o] = s.value(t, "acme_messages_total", "consumer=ledger", "outcome="+o, "service=billing")
+		all += got[o]
+	}
+	bs := broker.Stats()
+	if got["applied"] != n-poison || got["parked"] != poison {
+		t.Errorf("applied %v parked %v, want %d and %d", got["applied"], got["parked"], n-poison, poison)
+	}
+	if got["duplicate"] == 0 || bs.Duplicated == 0 {
+		t.Errorf("duplicates counted %v, broker duplicated %d: the test needs some", got["duplicate"], bs.Duplicated)
+	}
+	if all != float64(bs.Delivered) {
+		t.Errorf("outcomes sum to %v, broker delivered %d", all, bs.Delivered)
+	}
+	if rows, distinct := effects(t, pool); rows != n-poison || distinct != n-poison {
+		t.Errorf("effects: %d rows for %d messages, want %d", rows, distinct, n-poison)
+	}
+}
+
+func TestLag(t *testing.T) {
+	t.Parallel()
+	m, err := prometheus.New(prometheus.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prom.NewPedanticRegistry()
+	reg.MustRegister(m)
+	m.SetLag("orders", "orders/0", 12)
+	m.SetLag("orders", "orders/1", 3)
+	m.SetLag("orders", "orders/0", 40)
+	s := gather(t, reg)
+	if got := s.value(t, "effectively_lag_messages", "consumer=orders", "lane=orders/0"); got != 40 {
+		t.Errorf("lag of orders/0 = %v, want 40", got)
+	}
+	if !m.DeleteLag("orders", "orders/1") || m.DeleteLag("orders", "orders/1") {
+		t.Error("DeleteLag should report true once, then false")
+	}
+	if n := len(gather(t, reg)["effectively_lag_messages"].GetMetric()); n != 1 {
+		t.Errorf("%d lag series after DeleteLag, want 1", n)
+	}
+}
+
+func TestOptionsValidation(t *testing.T) {
+	t.Parallel()
+	for name, o := range map[string]prometheus.Options{
+		"namespace":          {Namespace: "9lives"},
+		"namespace dash":     {Namespace: "my-app"},
+		"label name":         {ConstLabels: map[string]string{"bad-name": "x"}},
+		"reserved label":     {ConstLabels: map[string]string{"__x": "x"}},
+		"own label":          {ConstLabels: map[string]string{"consumer": "x"}},
+		"empty buckets":      {DurationBuckets: []float64{}},
+		"decreasing buckets": {BatchSizeBuckets: []float64{1, 10, 5}},
+		"equal buckets":      {MessageAgeBuckets: []float64{1, 1}},
+	} {
+		_, err := prometheus.New(o)
+		if !errors.Is(err, prometheus.ErrInvalidOptions) {
+			t.Errorf("%s: New returned %v, want ErrInvalidOptions", name, err)
+		}
+		var oe *prometheus.OptionsError
+		if !errors.As(err, &oe) || oe.Field == "" {
+			t.Errorf("%s: %v is not an *OptionsError naming the field", name, err)
+		}
+	}
+	if _, err := prometheus.New(prometheus.Options{Namespace: "ok_1", ConstLabels: map[string]string{"service": "x"}, BatchSizeBuckets: []float64{1, 10}}); err != nil {
+		t.Errorf("valid options refused: %v", err)
+	}
+}
+
+// TestSeriesStartAtZero checks that a consumer's outcome and result series
+// exist, at zero, from its first batch, so that rates are 0 and not absent.
+func TestSeriesStartAtZero(t *testing.T) {
+	t.Parallel()
+	m, err := prometheus.New(prometheus.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prom.NewPedanticRegistry()
+	reg.MustRegister(m)
+	m.BatchDone(context.Background(), &consumer.BatchStats{Consumer: "c", Strategy: "idset", Size: 3, Applied: 3, Total: time.Millisecond})
+	s := gather(t, reg)
+	if n := len(s["effectively_messages_total"].GetMetric()); n != 6 {
+		t.Errorf("%d outcome series, want 6", n)
+	}
+	if got := s.value(t, "effectively_messages_total", "consumer=c", "outcome=parked"); got != 0 {
+		t.Errorf("parked = %v, want 0", got)
+	}
+	if got := s.value(t, "effectively_batches_total", "consumer=c", "result=ok"); got != 1 {
+		t.Errorf("ok batches = %v, want 1", got)
+	}
+}
