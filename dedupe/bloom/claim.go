@@ -164,8 +164,8 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 					pScope, pID, pSlice = append(pScope, k.Scope), append(pID, k.ID), append(pSlice, t)
 					continue
 				}
+				st.saved++
 			}
-			st.saved++
 		}
 	}
 	s.filters.mu.RUnlock()

@@ -23,7 +23,8 @@ type Stats struct {
 	// checks of keys the filter did not hold (Tests - ConfirmedPositives).
 	FalsePositiveRate float64
 	// Probes counts (key, partition) lookups made; ProbesSaved those a
-	// negative from a sealed filter made unnecessary.
+	// negative from a sealed filter made unnecessary (slices without a
+	// marker of the key's scope are not counted).
 	Probes, ProbesSaved int64
 	// Conflicts counts keys that another consumer had written to the
 	// current slice, read after the insert skipped them.
