@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -363,19 +365,45 @@ func TestHorizonAndRedrive(t *testing.T) {
 		"MessageRetentionPeriod": "3600",
 		"RedrivePolicy":          `{"deadLetterTargetArn":"` + arn + `","maxReceiveCount":"3"}`,
 	})
-	src := newSource(t, c, queue, quick(sqs.Config{UseQueueRedrive: true}))
+	var logs strings.Builder
+	var logMu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil))
+	src := newSource(t, c, queue, quick(sqs.Config{UseQueueRedrive: true, Logger: logger}))
+	logMu.Lock()
+	if !strings.Contains(logs.String(), "exhausted messages are left to the queue's redrive policy") || !strings.Contains(logs.String(), "max_receive_count=3") {
+		t.Errorf("start-up log does not say that the redrive policy applies:\n%s", logs.String())
+	}
+	logMu.Unlock()
 	if h := src.RedeliveryHorizon(); h != time.Hour {
 		t.Fatalf("RedeliveryHorizon = %s, want 1h", h)
 	}
 	if n := src.MaxReceiveCount(); n != 3 {
 		t.Fatalf("MaxReceiveCount = %d, want 3", n)
 	}
+	logs.Reset()
+	newSource(t, c, queue, quick(sqs.Config{Logger: logger}))
+	logMu.Lock()
+	if !strings.Contains(logs.String(), "exhausted messages are parked in Postgres by the consumer and deleted, but the queue also has a redrive policy") {
+		t.Errorf("start-up log does not warn about the redrive policy:\n%s", logs.String())
+	}
+	logMu.Unlock()
 	plain := fauxqs.NewQueue(t, c, "noredrive", nil)
 	_, err := sqs.New(context.Background(), quick(sqs.Config{Client: c, QueueURL: plain, UseQueueRedrive: true}))
 	var ce *sqs.ConfigError
 	if !errors.As(err, &ce) || ce.Field != "UseQueueRedrive" {
 		t.Fatalf("UseQueueRedrive on a queue without a redrive policy: got %v", err)
 	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 func queueARN(tb testing.TB, c *awssqs.Client, queue string) string {
