@@ -28,6 +28,12 @@ type item struct {
 	// of this batch, together with the decision taken on it.
 	failed     error
 	failedPark bool
+	// tries counts the deliveries that were real attempts, not waits.
+	tries int
+	// waiting is true for a message retried because it must wait (a
+	// sequence gap, or an earlier message of its sender awaiting a retry):
+	// waiting does not count as failing.
+	waiting bool
 }
 
 func (it *item) attempt() int {
@@ -39,7 +45,7 @@ func (it *item) attempt() int {
 
 // reset forgets what a rolled-back attempt decided.
 func (it *item) reset() {
-	it.verdict, it.outcome, it.err, it.delay, it.reason, it.hasMarker = 0, 0, nil, 0, "", false
+	it.verdict, it.outcome, it.err, it.delay, it.reason, it.hasMarker, it.waiting = 0, 0, nil, 0, "", false, false
 }
 
 var errHandlerFailed = errors.New("handler failed")
@@ -80,6 +86,7 @@ func (c *Consumer) process(ctx context.Context, b *Batch) error {
 		return err
 	}
 
+	c.waits.settled(items, c.sequenced)
 	ack := make([]*Message, 0, len(items))
 	var retry []Retry
 	for _, it := range items {
@@ -106,7 +113,7 @@ func (c *Consumer) process(ctx context.Context, b *Batch) error {
 func (c *Consumer) deriveKeys(msgs []*Message) []*item {
 	items := make([]*item, len(msgs))
 	for i, m := range msgs {
-		it := &item{m: m}
+		it := &item{m: m, tries: c.waits.failures(m)}
 		items[i] = it
 		k, err := c.keyOf(m)
 		if err == nil {
@@ -200,18 +207,7 @@ func (c *Consumer) runFast(ctx context.Context, b *Batch, items []*item, st *Bat
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
-	var claimed []*item
-	for _, it := range items {
-		switch {
-		case it.keyErr != nil:
-			it.park(ReasonInvalidKey, it.keyErr, false)
-		case it.failed != nil && !it.failedPark:
-			it.retry(it.failed, c.retryDelay(it))
-		default:
-			claimed = append(claimed, it)
-		}
-	}
-	news, err := c.claim(ctx, tx, claimed, st)
+	news, err := c.claim(ctx, tx, c.prepare(items), st)
 	if err != nil {
 		return err
 	}
@@ -259,17 +255,7 @@ func (c *Consumer) runIsolated(ctx context.Context, b *Batch, items []*item, st 
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
-	var todo []*item
-	for _, it := range items {
-		switch {
-		case it.keyErr != nil:
-			it.park(ReasonInvalidKey, it.keyErr, false)
-		case it.failed != nil && !it.failedPark:
-			it.retry(it.failed, c.retryDelay(it))
-		default:
-			todo = append(todo, it)
-		}
-	}
+	todo := c.prepare(items)
 	if c.cfg.BatchHandler != nil {
 		if err := c.bisect(ctx, tx, todo, st); err != nil {
 			return err
@@ -282,6 +268,59 @@ func (c *Consumer) runIsolated(ctx context.Context, b *Batch, items []*item, st 
 		}
 	}
 	return c.commit(ctx, tx, b, items, st)
+}
+
+// prepare settles the messages that need no claim (unusable keys, failures
+// already decided, messages that must wait behind an earlier message of
+// their sender) and returns the rest, in order.
+func (c *Consumer) prepare(items []*item) []*item {
+	var held map[senderRef]int64
+	if c.sequenced {
+		held = map[senderRef]int64{}
+		for _, it := range items {
+			if it.keyErr == nil && it.key.Sender != "" && it.failed != nil && !it.failedPark {
+				sr := senderRef{it.key.Scope, it.key.Sender}
+				if seq, ok := held[sr]; !ok || it.key.Seq < seq {
+					held[sr] = it.key.Seq
+				}
+			}
+		}
+	}
+	var todo []*item
+	for _, it := range items {
+		switch {
+		case it.keyErr != nil:
+			it.park(ReasonInvalidKey, it.keyErr, false)
+		case it.failed != nil && !it.failedPark:
+			it.retry(it.failed, c.retryDelay(it))
+		case c.sequenced && it.key.Sender != "" && c.mustWait(it, held):
+			c.wait(it, "an earlier message of its sender is waiting for a retry")
+		default:
+			todo = append(todo, it)
+		}
+	}
+	return todo
+}
+
+// mustWait reports whether an earlier message of its sender awaits a retry.
+func (c *Consumer) mustWait(it *item, held map[senderRef]int64) bool {
+	seq, ok := held[senderRef{it.key.Scope, it.key.Sender}]
+	if ok && it.key.Seq > seq {
+		return true
+	}
+	seq, ok = c.waits.blockedAt(it.key)
+	return ok && it.key.Seq > seq
+}
+
+// wait hands a message back to wait for an earlier one, or parks it with
+// reason gap when it has waited Config.GapMaxAttempts deliveries.
+func (c *Consumer) wait(it *item, why string) {
+	if it.attempt() >= c.cfg.GapMaxAttempts {
+		it.park(ReasonGap, fmt.Errorf("sequence gap: %s waited %d deliveries: %s", it.key, it.attempt(), why), false)
+		return
+	}
+	it.retry(nil, c.cfg.GapDelay)
+	it.waiting = true
 }
 
 // isolateOne claims and handles one message under a savepoint.
@@ -437,11 +476,7 @@ func (c *Consumer) claim(ctx context.Context, tx pgx.Tx, items []*item, st *Batc
 				it.outcome = OutcomeMismatch
 			}
 		case dedupe.VerdictGap:
-			if it.attempt() >= c.cfg.GapMaxAttempts {
-				it.park(ReasonGap, fmt.Errorf("sequence gap: %s waited %d deliveries for an earlier sequence number", it.key, it.attempt()), false)
-			} else {
-				it.retry(nil, c.cfg.GapDelay)
-			}
+			c.wait(it, "an earlier sequence number has not arrived")
 		default:
 			return nil, fmt.Errorf("claim (%s): invalid verdict %d for key %s", c.cfg.Strategy.Name(), verdicts[i], it.key)
 		}
@@ -495,7 +530,7 @@ func (c *Consumer) commit(ctx context.Context, tx pgx.Tx, b *Batch, items []*ite
 // its message: park it (permanent, or out of attempts) or retry it later.
 func (c *Consumer) recordFailure(it *item, err error) {
 	it.failed = err
-	it.failedPark = IsPermanent(err) || it.attempt() >= c.cfg.MaxAttempts
+	it.failedPark = IsPermanent(err) || it.tries >= c.cfg.MaxAttempts
 	var pe *PanicError
 	if errors.As(err, &pe) {
 		c.log.Error("handler panicked", "ref", it.m.Ref, "key", it.key.String(), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
@@ -511,7 +546,7 @@ func (c *Consumer) parkFailed(it *item) {
 }
 
 func (c *Consumer) retryDelay(it *item) time.Duration {
-	return backoff(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, it.attempt())
+	return backoff(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, it.tries)
 }
 
 func (it *item) park(reason string, err error, hasMarker bool) {

@@ -28,6 +28,8 @@ type Consumer struct {
 	log         *slog.Logger
 	committer   dedupe.Committer
 	checker     dedupe.KeyChecker
+	sequenced   bool
+	waits       *waits
 	parkedTable string
 
 	startHooks []BatchStartHook
@@ -59,6 +61,10 @@ func New(db DB, src Source, cfg Config) (*Consumer, error) {
 	c.txsrc, _ = src.(TxSource)
 	c.committer, _ = cfg.Strategy.(dedupe.Committer)
 	c.checker, _ = cfg.Strategy.(dedupe.KeyChecker)
+	if sq, ok := cfg.Strategy.(dedupe.Sequencer); ok {
+		c.sequenced = sq.Sequenced()
+	}
+	c.waits = newWaits()
 	for _, h := range cfg.Hooks {
 		if sh, ok := h.(BatchStartHook); ok {
 			c.startHooks = append(c.startHooks, sh)

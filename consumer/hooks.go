@@ -47,8 +47,10 @@ type BatchStats struct {
 	Lane     string
 	// Size is the number of messages fetched.
 	Size int
-	// Counts of outcomes. Gap counts the retried messages whose sequence
-	// number was ahead of their sender's mark; they are also in Retried.
+	// Counts of outcomes. Gap counts the retried messages that had to wait
+	// rather than failed: their sequence number was ahead of their sender's
+	// mark, or an earlier message of their sender awaits a retry. They are
+	// also in Retried.
 	Applied, Duplicate, Mismatch, Parked, Retried, Gap int
 	// Isolated is true when a handler failed and the batch was re-run under
 	// savepoints to isolate the failing messages.

@@ -3,8 +3,6 @@ package consumer
 import (
 	"context"
 	"log/slog"
-
-	"github.com/effectively-once/effectively/dedupe"
 )
 
 // report counts outcomes, logs the noteworthy ones and calls the hooks.
@@ -25,7 +23,7 @@ func (c *Consumer) report(ctx context.Context, st *BatchStats, items []*item) {
 				"attempt", it.attempt(), "err", errString(it.err))
 		case OutcomeRetried:
 			st.Retried++
-			if it.verdict == dedupe.VerdictGap {
+			if it.waiting {
 				st.Gap++
 			}
 			if c.log.Enabled(ctx, slog.LevelDebug) {

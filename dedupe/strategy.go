@@ -67,6 +67,15 @@ type KeyChecker interface {
 	CheckKey(k Key) error
 }
 
+// Sequencer is implemented by strategies that apply each sender's messages
+// in sequence order (highwater). For them the consumer holds back a sender's
+// later messages while an earlier one waits for a retry, since applying a
+// later sequence number first would make the earlier one look like a
+// duplicate (monotonic mode) or a gap (strict mode).
+type Sequencer interface {
+	Sequenced() bool
+}
+
 // Committer is implemented by strategies that keep state in memory (caches,
 // filters). The consumer calls Committed after the transaction that claimed
 // keys committed, with the verdicts that committed; a rolled-back claim is

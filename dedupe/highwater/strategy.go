@@ -69,6 +69,10 @@ WHERE m.scope = u.scope AND m.sender = u.sender AND m.seq = u.old AND u.seq > u.
 	return s, nil
 }
 
+// Sequenced reports true: the consumer must not apply a sender's later
+// sequence numbers while an earlier one waits for a retry (dedupe.Sequencer).
+func (s *Strategy) Sequenced() bool { return true }
+
 // Name returns "highwater".
 func (s *Strategy) Name() string { return "highwater" }
 

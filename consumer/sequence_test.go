@@ -1,0 +1,127 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/dedupe/highwater"
+	"github.com/jackc/pgx/v5"
+)
+
+func seqMsg(sender string, seq int) consumer.Message {
+	return consumer.Message{
+		Headers: []consumer.Header{{Key: "sender", Value: []byte(sender)}, {Key: "seq", Value: []byte(strconv.Itoa(seq))}},
+		ID:      fmt.Sprintf("%s-%d", sender, seq),
+		Value:   []byte(fmt.Sprintf("%s-%d", sender, seq)),
+	}
+}
+
+func seqKey(m *consumer.Message) (dedupe.Key, error) {
+	return highwater.HeaderKey(m.Header, "sender", "seq")
+}
+
+// A sender's later message must not overtake an earlier one that failed and
+// waits for its retry: with a monotonic mark that would turn the earlier one
+// into a "duplicate" and lose it; with a strict mark, into a gap.
+func TestSequencedSenderWaitsForItsFailedMessage(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []highwater.Mode{highwater.Monotonic, highwater.Strict} {
+		for _, batch := range []int{10, 1} {
+			t.Run(fmt.Sprintf("%s/batch=%d", mode, batch), func(t *testing.T) {
+				t.Parallel()
+				e := newEnv(t, consumertest.Config{Lanes: 1})
+				for seq := 1; seq <= 6; seq++ {
+					e.broker.Publish(0, seqMsg("a", seq))
+				}
+				s, err := highwater.New(highwater.Config{Mode: mode})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var mu sync.Mutex
+				var order []string
+				h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+					if m.ID == "a-2" && m.Attempt <= 2 {
+						return errors.New("transient")
+					}
+					mu.Lock()
+					order = append(order, m.ID)
+					mu.Unlock()
+					return insertEffect(ctx, tx, m)
+				}
+				e.runUntilIdle(e.consumer(consumer.Config{Strategy: s, KeyFunc: seqKey, Handler: h, BatchSize: batch, Concurrency: 1, MaxAttempts: 5}), 30*time.Second)
+				counts := e.effectCounts()
+				for seq := 1; seq <= 6; seq++ {
+					if n := counts[fmt.Sprintf("a-%d", seq)]; n != 1 {
+						t.Errorf("a-%d applied %d times, want 1", seq, n)
+					}
+				}
+				// Handlers may run again after a rollback; the committed order is
+				// what matters: the last run of each message is in seq order.
+				last := map[string]int{}
+				for i, id := range order {
+					last[id] = i
+				}
+				for seq := 2; seq <= 6; seq++ {
+					if last[fmt.Sprintf("a-%d", seq)] < last[fmt.Sprintf("a-%d", seq-1)] {
+						t.Errorf("a-%d applied before a-%d: %v", seq, seq-1, order)
+					}
+				}
+				if len(e.parked()) != 0 {
+					t.Errorf("parked %+v", e.parked())
+				}
+			})
+		}
+	}
+}
+
+// Deliveries spent waiting on a gap are not failures: a message that waited
+// many times for its predecessor still gets its MaxAttempts tries.
+func TestWaitingDoesNotCountAsFailing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, consumertest.Config{Lanes: 2})
+	e.broker.Publish(0, seqMsg("a", 2)) // arrives long before a-1
+	s, err := highwater.New(highwater.Config{Mode: highwater.Strict})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failedOnce sync.Once
+	var failures int
+	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "a-2" {
+			var fail bool
+			failedOnce.Do(func() { fail = true; failures++ })
+			if fail {
+				return errors.New("transient")
+			}
+		}
+		return insertEffect(ctx, tx, m)
+	}
+	c := e.consumer(consumer.Config{Strategy: s, KeyFunc: seqKey, Handler: h, MaxAttempts: 2, GapMaxAttempts: 1000})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	for e.hooks.get().Gap < 10 {
+		time.Sleep(time.Millisecond)
+	}
+	e.broker.Publish(1, seqMsg("a", 1))
+	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer wcancel()
+	if err := e.broker.WaitIdle(wctx); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := e.effectCounts(); got["a-1"] != 1 || got["a-2"] != 1 {
+		t.Fatalf("effects %v, parked %+v", got, e.parked())
+	}
+}
