@@ -1,0 +1,123 @@
+package oteltrace
+
+import (
+	"context"
+
+	"github.com/effectively-once/effectively/consumer"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// SpanName is the name of the span of a batch.
+const SpanName = "effectively.batch"
+
+// ScopeName is the instrumentation scope of the tracer the hook uses.
+const ScopeName = "github.com/effectively-once/effectively/tracing/otel"
+
+// Attribute keys of the batch span.
+const (
+	AttrConsumer      = attribute.Key("effectively.consumer")
+	AttrLane          = attribute.Key("effectively.lane")
+	AttrMessages      = attribute.Key("effectively.messages")
+	AttrStrategy      = attribute.Key("effectively.strategy")
+	AttrApplied       = attribute.Key("effectively.applied")
+	AttrDuplicate     = attribute.Key("effectively.duplicate")
+	AttrMismatch      = attribute.Key("effectively.mismatch")
+	AttrParked        = attribute.Key("effectively.parked")
+	AttrRetried       = attribute.Key("effectively.retried")
+	AttrGap           = attribute.Key("effectively.gap")
+	AttrFenced        = attribute.Key("effectively.fenced")
+	AttrIsolated      = attribute.Key("effectively.isolated")
+	AttrClaimSeconds  = attribute.Key("effectively.claim_seconds")
+	AttrHandleSeconds = attribute.Key("effectively.handle_seconds")
+	AttrCommitSeconds = attribute.Key("effectively.commit_seconds")
+	AttrAckSeconds    = attribute.Key("effectively.ack_seconds")
+	// AttrBatchMessageCount is the OpenTelemetry messaging convention's
+	// name for the number of messages in a batch.
+	AttrBatchMessageCount = attribute.Key("messaging.batch.message_count")
+)
+
+// Options configures a Hook. The zero value is usable.
+type Options struct {
+	// TracerProvider creates the hook's tracer. Defaults to the global
+	// provider, otel.GetTracerProvider(), as it is when New is called (the
+	// global provider forwards to one set later with otel.SetTracerProvider).
+	TracerProvider trace.TracerProvider
+	// Attributes are added to every batch span, such as the service's
+	// deployment or the source's topic. Defaults to none.
+	Attributes []attribute.KeyValue
+}
+
+// Hook starts a span per batch. It implements consumer.Hook and
+// consumer.BatchStartHook; pass it in consumer.Config.Hooks. It is safe for
+// concurrent use.
+type Hook struct {
+	tracer trace.Tracer
+	attrs  []attribute.KeyValue
+}
+
+var (
+	_ consumer.Hook           = (*Hook)(nil)
+	_ consumer.BatchStartHook = (*Hook)(nil)
+)
+
+// New returns a Hook.
+func New(opts Options) *Hook {
+	tp := opts.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	return &Hook{
+		tracer: tp.Tracer(ScopeName),
+		attrs:  append([]attribute.KeyValue(nil), opts.Attributes...),
+	}
+}
+
+// spanKey finds the hook's own span in the batch's context, even when
+// another hook started a span after it.
+type spanKey struct{ h *Hook }
+
+// BatchStart implements consumer.BatchStartHook: it starts the batch span.
+func (h *Hook) BatchStart(ctx context.Context, consumerName, lane string, size int) context.Context {
+	attrs := make([]attribute.KeyValue, 0, 4+len(h.attrs))
+	attrs = append(attrs,
+		AttrConsumer.String(consumerName),
+		AttrLane.String(lane),
+		AttrMessages.Int(size),
+		AttrBatchMessageCount.Int(size),
+	)
+	attrs = append(attrs, h.attrs...)
+	ctx, span := h.tracer.Start(ctx, SpanName, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	return context.WithValue(ctx, spanKey{h}, span)
+}
+
+// BatchDone implements consumer.Hook: it records the batch's outcome on its
+// span and ends it.
+func (h *Hook) BatchDone(ctx context.Context, s *consumer.BatchStats) {
+	span, ok := ctx.Value(spanKey{h}).(trace.Span)
+	if !ok {
+		return // the batch did not start through this hook
+	}
+	span.SetAttributes(
+		AttrStrategy.String(s.Strategy),
+		AttrApplied.Int(s.Applied),
+		AttrDuplicate.Int(s.Duplicate),
+		AttrMismatch.Int(s.Mismatch),
+		AttrParked.Int(s.Parked),
+		AttrRetried.Int(s.Retried),
+		AttrGap.Int(s.Gap),
+		AttrFenced.Bool(s.Fenced),
+		AttrIsolated.Bool(s.Isolated),
+		AttrClaimSeconds.Float64(s.Claim.Seconds()),
+		AttrHandleSeconds.Float64(s.Handle.Seconds()),
+		AttrCommitSeconds.Float64(s.Commit.Seconds()),
+		AttrAckSeconds.Float64(s.Ack.Seconds()),
+	)
+	if s.Err != nil {
+		span.RecordError(s.Err)
+		span.SetStatus(codes.Error, s.Err.Error())
+	}
+	span.End()
+}
