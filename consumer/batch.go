@@ -530,7 +530,7 @@ func (c *Consumer) commit(ctx context.Context, tx pgx.Tx, b *Batch, items []*ite
 // its message: park it (permanent, or out of attempts) or retry it later.
 func (c *Consumer) recordFailure(it *item, err error) {
 	it.failed = err
-	it.failedPark = IsPermanent(err) || it.tries >= c.cfg.MaxAttempts
+	it.failedPark = IsPermanent(err) || (it.tries >= c.cfg.MaxAttempts && !c.keepRetrying)
 	var pe *PanicError
 	if errors.As(err, &pe) {
 		c.log.Error("handler panicked", "ref", it.m.Ref, "key", it.key.String(), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))

@@ -21,16 +21,17 @@ type DB interface {
 // Consumer runs the loop: fetch a batch from a lane, claim its keys and run
 // the handler in one transaction, commit, then acknowledge.
 type Consumer struct {
-	db          DB
-	src         Source
-	txsrc       TxSource
-	cfg         Config
-	log         *slog.Logger
-	committer   dedupe.Committer
-	checker     dedupe.KeyChecker
-	sequenced   bool
-	waits       *waits
-	parkedTable string
+	db           DB
+	src          Source
+	txsrc        TxSource
+	cfg          Config
+	log          *slog.Logger
+	committer    dedupe.Committer
+	checker      dedupe.KeyChecker
+	sequenced    bool
+	keepRetrying bool // the source's broker takes exhausted messages
+	waits        *waits
+	parkedTable  string
 
 	startHooks []BatchStartHook
 	msgHooks   []MessageHook
@@ -65,6 +66,9 @@ func New(db DB, src Source, cfg Config) (*Consumer, error) {
 		c.sequenced = sq.Sequenced()
 	}
 	c.waits = newWaits()
+	if es, ok := src.(ExhaustionSource); ok {
+		c.keepRetrying = !es.ParkExhausted()
+	}
 	for _, h := range cfg.Hooks {
 		if sh, ok := h.(BatchStartHook); ok {
 			c.startHooks = append(c.startHooks, sh)

@@ -64,3 +64,12 @@ type TxSource interface {
 type HorizonSource interface {
 	RedeliveryHorizon() time.Duration
 }
+
+// ExhaustionSource is implemented by sources that can leave a message whose
+// attempts are used up to the broker's own dead-letter mechanism (an SQS
+// redrive policy). When ParkExhausted returns false, the consumer does not
+// park such a message: it keeps handing it back, and the broker moves it
+// aside. Permanent failures are still parked.
+type ExhaustionSource interface {
+	ParkExhausted() bool
+}

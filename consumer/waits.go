@@ -27,7 +27,9 @@ func newWaits() *waits {
 	return &waits{waited: map[string]int{}, blocked: map[senderRef]int64{}}
 }
 
-func msgRef(m *Message) string { return m.Source + "\x00" + m.Lane + "\x00" + m.Ref }
+// msgRef identifies a stored message across redeliveries; its lane may
+// change (an SQS standard queue's receiver), its Ref does not.
+func msgRef(m *Message) string { return m.Source + "\x00" + m.Ref }
 
 // failures returns how many of m's deliveries (this one included) were
 // actual attempts, not waits.

@@ -100,10 +100,11 @@ type Config struct {
 	// UseQueueRedrive leaves messages whose attempts are used up to the
 	// queue's redrive policy (its dead-letter queue) rather than to the
 	// consumer, which would park them in Postgres. It requires the queue to
-	// have a RedrivePolicy, and the consumer's MaxAttempts must be greater
-	// than the policy's maxReceiveCount (see MaxReceiveCount), so the consumer
-	// keeps retrying until SQS moves the message. Defaults to false: the
-	// consumer parks exhausted messages and they are deleted.
+	// have a RedrivePolicy. The consumer then never parks a message for
+	// running out of attempts (the source reports this through
+	// consumer.ExhaustionSource); it keeps handing the message back until
+	// SQS moves it. Permanent failures are still parked. Defaults to false:
+	// the consumer parks exhausted messages and they are deleted.
 	UseQueueRedrive bool
 
 	// Logger receives the source's logs. Defaults to discarding them.

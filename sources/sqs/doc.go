@@ -54,10 +54,10 @@
 // By default the consumer parks a message whose attempts are used up (in
 // Postgres, with the reason) and the source deletes it. With
 // Config.UseQueueRedrive the queue's own redrive policy decides instead: New
-// requires the queue to have one, and the consumer's MaxAttempts must be set
-// above its maxReceiveCount (see Source.MaxReceiveCount), so the consumer
-// keeps handing the message back until SQS moves it to the dead-letter
-// queue. New logs at start-up which of the two applies, and warns when a
+// requires the queue to have one, and the consumer (told so through
+// consumer.ExhaustionSource) never parks a message for running out of
+// attempts: it keeps handing the message back until SQS moves it to the
+// dead-letter queue. New logs at start-up which of the two applies, and warns when a
 // queue without UseQueueRedrive has a redrive policy that could move messages
 // before the consumer parks them.
 //

@@ -264,7 +264,7 @@ func TestPoisonLeftToRedrive(t *testing.T) {
 	send(t, c, e.queue, append(msgs, outgoing{Body: "poison", Attrs: map[string]string{"idempotency-key": "poison"}}))
 
 	src := e.source(sqs.Config{Receivers: 2, UseQueueRedrive: true})
-	r := start(e.consumer(src, consumer.Config{Handler: poisonHandler, MaxAttempts: src.MaxReceiveCount() + 1}))
+	r := start(e.consumer(src, consumer.Config{Handler: poisonHandler, MaxAttempts: 1}))
 	e.waitFor("the poison in the dead-letter queue", 30*time.Second, func() bool {
 		v, _ := queueDepth(t, c, dlq)
 		return v == 1 && e.drained(len(msgs))()

@@ -177,7 +177,7 @@ func (s *Source) logStart() {
 		"wait", s.cfg.WaitTime, "retention", s.retention)
 	switch {
 	case s.cfg.UseQueueRedrive:
-		s.log.Info("sqs: exhausted messages are left to the queue's redrive policy; set the consumer's MaxAttempts above maxReceiveCount",
+		s.log.Info("sqs: exhausted messages are left to the queue's redrive policy",
 			"max_receive_count", s.maxReceiveCount, "dead_letter_queue", s.deadLetterARN)
 	case s.maxReceiveCount > 0:
 		s.log.Warn("sqs: exhausted messages are parked in Postgres by the consumer and deleted, but the queue also has a redrive policy: keep the consumer's MaxAttempts below maxReceiveCount, or messages reach the dead-letter queue first",
@@ -194,8 +194,7 @@ func (s *Source) QueueURL() string { return s.url }
 func (s *Source) FIFO() bool { return s.fifo }
 
 // MaxReceiveCount returns the maxReceiveCount of the queue's redrive
-// policy, or 0 if it has none. With Config.UseQueueRedrive, set the
-// consumer's MaxAttempts above it.
+// policy, or 0 if it has none.
 func (s *Source) MaxReceiveCount() int { return s.maxReceiveCount }
 
 // RedeliveryHorizon returns the queue's message retention period: a message
@@ -431,3 +430,8 @@ func (s *Source) Close() error {
 	s.stats.released.Add(int64(len(unfetched)))
 	return nil
 }
+
+// ParkExhausted tells the consumer whether to park a message whose attempts
+// are used up (consumer.ExhaustionSource): not with Config.UseQueueRedrive,
+// where the queue's redrive policy moves it to the dead-letter queue.
+func (s *Source) ParkExhausted() bool { return !s.cfg.UseQueueRedrive }
