@@ -1,0 +1,334 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"runtime/debug"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/sources/kafka"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/spf13/cobra"
+)
+
+// DryRunCounts classifies the messages of a range. Applied, Parked and New
+// partition it together with InvalidKey, Mismatch and Gap; the Replay*
+// fields predict what consumers do when the range is replayed.
+type DryRunCounts struct {
+	Messages int64 `json:"messages"`
+	// Applied: a marker exists in the scope (and the message is not parked).
+	Applied int64 `json:"applied"`
+	// Parked: the message is in the parked table of the scope.
+	Parked int64 `json:"parked"`
+	// New: no marker; the replay applies it.
+	New int64 `json:"new"`
+	// InvalidKey: no usable key; the replay parks it (again).
+	InvalidKey int64 `json:"invalid_key"`
+	// Mismatch: a marker exists with another payload fingerprint.
+	Mismatch int64 `json:"mismatch"`
+	// Gap: a sequence number ahead of its sender's mark (highwater strict).
+	Gap int64 `json:"gap"`
+
+	// What the consumers will report for the range once it is replayed.
+	ReplayApplied   int64 `json:"replay_applied"`
+	ReplayDuplicate int64 `json:"replay_duplicate"`
+	ReplayMismatch  int64 `json:"replay_mismatch"`
+	ReplayParked    int64 `json:"replay_parked"`
+	ReplayGap       int64 `json:"replay_gap"`
+}
+
+func (c *DryRunCounts) add(o DryRunCounts) {
+	c.Messages += o.Messages
+	c.Applied += o.Applied
+	c.Parked += o.Parked
+	c.New += o.New
+	c.InvalidKey += o.InvalidKey
+	c.Mismatch += o.Mismatch
+	c.Gap += o.Gap
+	c.ReplayApplied += o.ReplayApplied
+	c.ReplayDuplicate += o.ReplayDuplicate
+	c.ReplayMismatch += o.ReplayMismatch
+	c.ReplayParked += o.ReplayParked
+	c.ReplayGap += o.ReplayGap
+}
+
+// DryRunReport is what "replay --dry-run" found.
+type DryRunReport struct {
+	Group      string                `json:"group"`
+	Topic      string                `json:"topic"`
+	Scope      string                `json:"scope"`
+	Strategy   string                `json:"strategy"`
+	Plan       []PartitionPlan       `json:"plan"`
+	Partitions map[int]*DryRunCounts `json:"partitions"`
+	Total      DryRunCounts          `json:"total"`
+	Seconds    float64               `json:"seconds"`
+}
+
+// dryRun reads the plan's ranges and classifies every message by claiming
+// its key, as a consumer would, in one transaction that is rolled back.
+func (a *app) dryRun(cmd *cobra.Command, pool *pgxpool.Pool, kc *kafkaClient, o *replayOpts, plan []PartitionPlan) (*DryRunReport, error) {
+	ctx := cmd.Context()
+	s, err := a.strategy()
+	if err != nil {
+		return nil, err
+	}
+	kf, err := a.keyFunc(o.keyName)
+	if err != nil {
+		return nil, err
+	}
+	if err := prepare(ctx, pool, s); err != nil {
+		return nil, err
+	}
+	checker, _ := s.(dedupe.KeyChecker)
+	rep := &DryRunReport{Group: o.group, Topic: o.topic, Scope: o.scope, Strategy: s.Name(), Plan: plan, Partitions: map[int]*DryRunCounts{}}
+
+	var total int64
+	for _, p := range plan {
+		total += p.Messages
+	}
+	prog := newProgress(cmd.ErrOrStderr(), "reading "+o.topic, total, o.progress)
+	defer prog.stop()
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, strconv.FormatInt(o.lockTimeout.Milliseconds(), 10)); err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+a.parkedIdent()+` LIMIT 0`); err != nil {
+		return nil, fmt.Errorf("parked table: %w", err)
+	}
+	cl := &classifier{app: a, o: o, tx: tx, s: s, kf: kf, checker: checker}
+	start := time.Now()
+	for _, p := range plan {
+		counts := &DryRunCounts{}
+		rep.Partitions[p.Partition] = counts
+		if p.Messages <= 0 {
+			continue
+		}
+		if err := cl.readPartition(ctx, kc, p, counts, prog); err != nil {
+			return nil, err
+		}
+		rep.Total.add(*counts)
+	}
+	rep.Seconds = time.Since(start).Seconds()
+	prog.stop()
+	return rep, nil
+}
+
+type classifier struct {
+	app     *app
+	o       *replayOpts
+	tx      pgx.Tx
+	s       dedupe.Strategy
+	kf      consumer.KeyFunc
+	checker dedupe.KeyChecker
+}
+
+// readPartition reads [Target, End) of one partition in batches.
+func (c *classifier) readPartition(ctx context.Context, kc *kafkaClient, p PartitionPlan, counts *DryRunCounts, prog *progress) error {
+	r, err := kc.reader(c.o.topic, p.Partition, p.Target)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	lane := c.o.topic + "/" + strconv.Itoa(p.Partition)
+	batch := make([]*consumer.Message, 0, c.o.batch)
+	next := p.Target
+	for next < p.End {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		km, err := r.ReadMessage(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if errors.Is(err, context.DeadlineExceeded) && r.Offset() >= p.End {
+				break // the last offsets were not records (transaction markers)
+			}
+			return fmt.Errorf("kafka: reading %s at offset %d: %w", lane, next, err)
+		}
+		next = km.Offset + 1
+		if km.Offset >= p.End {
+			break
+		}
+		batch = append(batch, toMessage(&km, lane, c.o.idHeader))
+		if len(batch) == c.o.batch {
+			if err := c.classify(ctx, batch, counts); err != nil {
+				return err
+			}
+			prog.add(int64(len(batch)))
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		if err := c.classify(ctx, batch, counts); err != nil {
+			return err
+		}
+		prog.add(int64(len(batch)))
+	}
+	return nil
+}
+
+// toMessage converts a record as the Kafka source does.
+func toMessage(r *kafkago.Message, lane, idHeader string) *consumer.Message {
+	off := strconv.FormatInt(r.Offset, 10)
+	m := &consumer.Message{Key: r.Key, Value: r.Value, Time: r.Time, Source: kafka.SourceName, Lane: lane, Ref: lane + "@" + off, Attempt: 1}
+	for _, h := range r.Headers {
+		m.Headers = append(m.Headers, consumer.Header{Key: h.Key, Value: h.Value})
+		if m.ID == "" && h.Key == idHeader && len(h.Value) > 0 {
+			m.ID = string(h.Value)
+		}
+	}
+	if m.ID == "" {
+		m.ID = lane + "/" + off
+	}
+	return m
+}
+
+// classify derives the batch's keys, looks its messages up in the parked
+// table, and claims the valid keys in the dry run's transaction.
+func (c *classifier) classify(ctx context.Context, batch []*consumer.Message, counts *DryRunCounts) error {
+	refs := make([]string, len(batch))
+	for i, m := range batch {
+		refs[i] = m.Ref
+	}
+	rows, err := c.tx.Query(ctx, `SELECT ref FROM `+c.app.parkedIdent()+` WHERE scope = $1 AND source = $2 AND ref = ANY($3)`,
+		c.o.scope, kafka.SourceName, refs)
+	if err != nil {
+		return fmt.Errorf("parked: %w", err)
+	}
+	parkedRefs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("parked: %w", err)
+	}
+	parked := make(map[string]bool, len(parkedRefs))
+	for _, r := range parkedRefs {
+		parked[r] = true
+	}
+
+	var keys []dedupe.Key
+	var claimed []*consumer.Message
+	for _, m := range batch {
+		counts.Messages++
+		k, err := c.key(m)
+		if err != nil {
+			counts.ReplayParked++
+			if parked[m.Ref] {
+				counts.Parked++
+			} else {
+				counts.InvalidKey++
+			}
+			continue
+		}
+		keys = append(keys, k)
+		claimed = append(claimed, m)
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	verdicts, err := c.s.Claim(ctx, c.tx, keys)
+	if err != nil {
+		var ke *dedupe.KeyError
+		if errors.As(err, &ke) {
+			return fmt.Errorf("the strategy refused key %s (%s): use the --key the consumers use", ke.Key, ke.Reason)
+		}
+		return fmt.Errorf("claim (%s): %w", c.s.Name(), err)
+	}
+	if len(verdicts) != len(keys) {
+		return fmt.Errorf("claim (%s): %d verdicts for %d keys", c.s.Name(), len(verdicts), len(keys))
+	}
+	for i, v := range verdicts {
+		isParked := parked[claimed[i].Ref]
+		switch v {
+		case dedupe.VerdictNew:
+			counts.ReplayApplied++
+		case dedupe.VerdictDuplicate:
+			counts.ReplayDuplicate++
+		case dedupe.VerdictMismatch:
+			counts.ReplayMismatch++
+		case dedupe.VerdictGap:
+			counts.ReplayGap++
+		}
+		switch {
+		case isParked:
+			counts.Parked++
+		case v == dedupe.VerdictNew:
+			counts.New++
+		case v == dedupe.VerdictDuplicate:
+			counts.Applied++
+		case v == dedupe.VerdictMismatch:
+			counts.Mismatch++
+		case v == dedupe.VerdictGap:
+			counts.Gap++
+		default:
+			return fmt.Errorf("claim (%s): invalid verdict %d", c.s.Name(), v)
+		}
+	}
+	return nil
+}
+
+// key derives a message's key as the consumer does.
+func (c *classifier) key(m *consumer.Message) (k dedupe.Key, err error) {
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				err = &consumer.PanicError{Value: r, Stack: debug.Stack()}
+			}
+		}()
+		k, err = c.kf(m)
+	}()
+	if err != nil {
+		return k, err
+	}
+	if k.Scope == "" {
+		k.Scope = c.o.scope
+	}
+	if k.Fingerprint == nil && !c.o.noFP {
+		k.Fingerprint = dedupe.Fingerprint(m.Value)
+	}
+	if err := dedupe.Validate(k, c.o.maxKeyLen); err != nil {
+		return k, err
+	}
+	if k.ID == "" && k.Sender == "" {
+		return k, errors.New("no dedupe key")
+	}
+	if c.checker != nil {
+		return k, c.checker.CheckKey(k)
+	}
+	return k, nil
+}
+
+func printDryRun(w io.Writer, rep *DryRunReport) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "\ndry run for scope %s (strategy %s): nothing was written\n", rep.Scope, rep.Strategy)
+	fmt.Fprintln(tw, "PARTITION\tMESSAGES\tAPPLIED\tPARKED\tNEW\tINVALID KEY\tMISMATCH\tGAP")
+	row := func(name string, c *DryRunCounts) {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", name, c.Messages, c.Applied, c.Parked, c.New, c.InvalidKey, c.Mismatch, c.Gap)
+	}
+	for _, p := range rep.Plan {
+		if c := rep.Partitions[p.Partition]; c != nil {
+			row(strconv.Itoa(p.Partition), c)
+		}
+	}
+	row("total", &rep.Total)
+	_ = tw.Flush()
+	t := rep.Total
+	fmt.Fprintf(w, "\nreplaying this range with scope %s: %d applied, %d duplicate, %d mismatch, %d parked, %d held back by a sequence gap\n",
+		rep.Scope, t.ReplayApplied, t.ReplayDuplicate, t.ReplayMismatch, t.ReplayParked, t.ReplayGap)
+	rate := 0.0
+	if rep.Seconds > 0 {
+		rate = float64(t.Messages) / rep.Seconds
+	}
+	fmt.Fprintf(w, "read %d message(s) in %.1fs (%.0f msg/s)\n", t.Messages, rep.Seconds, rate)
+}

@@ -1,0 +1,165 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/sources/kafka"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+)
+
+func (a *app) migrateCmd() *cobra.Command {
+	var print, withKafka, noParked, noStrategy bool
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Create or upgrade the library's tables",
+		Long: `Create or upgrade the tables a consumer needs: the parked-messages table,
+the markers table(s) of the strategy named by --strategy, and, with --kafka,
+the Kafka offsets table. Run it once per strategy a deployment uses.
+
+Migrations already applied (recorded in <schema>.schema_migrations) are
+skipped, and an advisory lock keeps concurrent runs apart, so it is safe
+while consumers run.
+
+With --print it writes the SQL script instead of applying it, for a DBA to
+review and run by hand (psql -f); the script records its versions, so a later
+migrate applies nothing.`,
+		Example: `  effectively migrate --strategy idset --kafka
+  effectively migrate --strategy highwater --print > migrate.sql`,
+		Args: cobra.NoArgs,
+		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
+			lines, err := a.migrationLines(!noParked, !noStrategy, withKafka)
+			if err != nil {
+				return err
+			}
+			if len(lines) == 0 {
+				return fmt.Errorf("nothing selected: drop --no-parked or --no-strategy, or add --kafka")
+			}
+			if print {
+				sql, err := dedupe.MigrationSQL(a.schema, lines...)
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprint(cmd.OutOrStdout(), sql)
+				return err
+			}
+			ctx := cmd.Context()
+			pool, err := a.db(ctx)
+			if err != nil {
+				return err
+			}
+			pending, err := a.pendingMigrations(ctx, pool, lines)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if len(pending) == 0 {
+				fmt.Fprintln(out, "up to date: no migration to apply")
+				return nil
+			}
+			fmt.Fprintf(out, "to apply in schema %s:\n", a.schema)
+			for _, m := range pending {
+				fmt.Fprintf(out, "  %s %03d_%s\n", m.Line, m.Version, m.Name)
+			}
+			if err := a.confirm(cmd, fmt.Sprintf("Apply %d migration(s)?", len(pending))); err != nil {
+				return err
+			}
+			applied, err := dedupe.Migrate(ctx, pool, a.schema, lines...)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "applied %d migration(s)\n", len(applied))
+			return nil
+		}),
+	}
+	f := cmd.Flags()
+	f.BoolVar(&print, "print", false, "print the SQL instead of applying it")
+	f.BoolVar(&withKafka, "kafka", false, "include the Kafka offsets table (--offsets-table)")
+	f.BoolVar(&noParked, "no-parked", false, "leave out the parked-messages table")
+	f.BoolVar(&noStrategy, "no-strategy", false, "leave out the strategy's tables")
+	return cmd
+}
+
+// migrationLines returns the selected migration lines.
+func (a *app) migrationLines(parked, strategy, withKafka bool) ([]dedupe.Line, error) {
+	var lines []dedupe.Line
+	if parked {
+		lines = append(lines, consumer.ParkedLine(a.schema, a.parkedTable))
+	}
+	if strategy {
+		s, err := a.strategy()
+		if err != nil {
+			return nil, err
+		}
+		if m, ok := s.(dedupe.Migrator); ok {
+			lines = append(lines, m.Migrations()...)
+		}
+	}
+	if withKafka {
+		l, err := a.kafkaLine()
+		if err != nil {
+			return nil, err
+		}
+		lines = append(lines, l...)
+	}
+	return lines, nil
+}
+
+// kafkaLine returns the offsets table's migration line. The sources/kafka
+// package hands it out through a Source, which needs a database, brokers,
+// a group and topics to be valid; none of them is used to render it.
+func (a *app) kafkaLine() ([]dedupe.Line, error) {
+	src, err := kafka.New((*pgxpool.Pool)(nil), kafka.Config{
+		Brokers: []string{"unused:9092"}, Group: "unused", Topics: []string{"unused"},
+		Schema: a.schema, OffsetsTable: a.offsetsTable,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("--offsets-table: %w", err)
+	}
+	return src.Migrations(), nil
+}
+
+// pendingMigrations returns the migrations of lines not yet recorded.
+func (a *app) pendingMigrations(ctx context.Context, pool *pgxpool.Pool, lines []dedupe.Line) ([]dedupe.Migration, error) {
+	table := pgx.Identifier{a.schema, "schema_migrations"}.Sanitize()
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists); err != nil {
+		return nil, err
+	}
+	current := map[string]int{}
+	if exists {
+		rows, err := pool.Query(ctx, `SELECT line, max(version) FROM `+table+` GROUP BY line`)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var l string
+			var v int
+			if err := rows.Scan(&l, &v); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			current[l] = v
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	var out []dedupe.Migration
+	for _, l := range lines {
+		ms, err := l.Render(a.schema)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range ms {
+			if m.Version > current[l.Name] {
+				out = append(out, m)
+			}
+		}
+	}
+	return out, nil
+}

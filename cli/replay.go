@@ -1,0 +1,424 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+)
+
+// replayOpts are the flags of the replay command.
+type replayOpts struct {
+	brokers     []string
+	group       string
+	topic       string
+	scope       string
+	toTime      string
+	toOffset    []string
+	partitions  []int
+	dryRun      bool
+	asJSON      bool
+	keyName     string
+	idHeader    string
+	noFP        bool
+	maxKeyLen   int
+	batch       int
+	progress    string
+	lockTimeout time.Duration
+}
+
+// PartitionPlan is one partition of a replay: where its stored offset is and
+// where the replay moves it.
+type PartitionPlan struct {
+	Partition int `json:"partition"`
+	// Stored is the next offset stored in Postgres; nil when the group has
+	// no row for the partition.
+	Stored     *int64 `json:"stored"`
+	Generation int32  `json:"generation"`
+	// First and End are the partition's first and next-to-be-written offsets.
+	First int64 `json:"first"`
+	End   int64 `json:"end"`
+	// Target is the offset the replay stores; messages [Target, End) are
+	// delivered again.
+	Target   int64 `json:"target"`
+	Messages int64 `json:"messages"`
+	// Clamped is true when the requested offset was before First (removed
+	// by retention) and the replay starts at First instead.
+	Clamped bool `json:"clamped,omitempty"`
+}
+
+func (a *app) replayCmd() *cobra.Command {
+	var o replayOpts
+	cmd := &cobra.Command{
+		Use:   "replay",
+		Short: "Move a Kafka group's offsets stored in Postgres back, to process a range again",
+		Long: `Move the next offsets that a consumer group stores in Postgres (the offsets
+table of sources/kafka) back to a point in time (--to-time) or to explicit
+offsets (--to-offset), for one group and topic, so that its consumers deliver
+that range again when they start. Messages already applied in the consumers'
+scope are then recognised as duplicates and skipped; messages that were not
+applied (skipped by a bug, say) are applied. To recompute effects instead,
+replay into a new scope (see docs/replay.md).
+
+--dry-run writes nothing: it reads the range from Kafka and reports, for
+--scope, how many of its messages are already applied (a marker exists: the
+replay skips them as duplicates), parked, and new (the replay applies them),
+with a progress bar and rate on stderr while it reads. It claims the range's
+keys in one transaction that it rolls back, exactly as a consumer would claim
+them, so it also counts repeats within the range; a consumer that meets one
+of those keys meanwhile waits for that transaction (at most --lock-timeout).
+
+Safety while consumers run: a running consumer keeps its position in memory
+and its next commit stores the greater of the stored offset and its own, so
+it would silently undo a replay. The replay therefore requires the group to
+have no active members in Kafka: stop its consumers first. It locks the
+group's rows, checks the group's membership, and writes, in that order and in
+one transaction, so a consumer that starts meanwhile waits for the replay and
+then starts from the replayed offsets. The rows' generation is left alone:
+the next generation claims the rows as usual and seeks to the stored offset.
+The replay only moves offsets back; a target after the stored offset would
+skip messages and is refused. The offsets committed to Kafka (used only for
+lag monitoring) are left alone; the consumers overwrite them as they go.
+Consumers running with KafkaOffsetsOnly keep no offsets in Postgres: reset
+those with Kafka's own tools instead.
+
+` + keyHelp,
+		Example: `  effectively replay --brokers kafka:9092 --group ledger --topic transfers --scope ledger --to-time 2026-11-28T09:00:00Z --dry-run
+  effectively replay --brokers kafka:9092 --group ledger --topic transfers --to-time 6h
+  effectively replay --brokers kafka:9092 --group ledger --topic transfers --to-offset 0=1200,1=1187 --yes`,
+		Args: cobra.NoArgs,
+		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
+			return a.replay(cmd, &o)
+		}),
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&o.brokers, "brokers", nil, "Kafka brokers (host:port, comma-separated; required)")
+	f.StringVar(&o.group, "group", "", "consumer group whose stored offsets move (required)")
+	f.StringVar(&o.topic, "topic", "", "topic (required)")
+	f.StringVar(&o.scope, "scope", "", "scope of the consumers' markers (required with --dry-run)")
+	f.StringVar(&o.toTime, "to-time", "", "replay from the first message at or after this time: RFC 3339, or a duration ago such as 6h")
+	f.StringSliceVar(&o.toOffset, "to-offset", nil, "replay from these offsets: OFFSET for every partition, or PARTITION=OFFSET,...")
+	f.IntSliceVar(&o.partitions, "partitions", nil, "only these partitions (default all)")
+	f.BoolVar(&o.dryRun, "dry-run", false, "read the range and report applied, parked and new messages; write nothing")
+	f.BoolVar(&o.asJSON, "json", false, "print the plan (and the dry-run report) as JSON")
+	f.StringVar(&o.keyName, "key", "id", "key function the consumers use (dry-run; see below)")
+	f.StringVar(&o.idHeader, "id-header", "idempotency-key", "header holding a message's default ID, as the consumers' IDHeader (dry-run)")
+	f.BoolVar(&o.noFP, "no-fingerprint", false, "the consumers run with NoFingerprint (dry-run)")
+	f.IntVar(&o.maxKeyLen, "max-key-len", 0, "the consumers' MaxKeyLen (dry-run; default 512)")
+	f.IntVar(&o.batch, "batch", 500, "messages claimed per statement (dry-run)")
+	f.StringVar(&o.progress, "progress", "auto", "progress bar on stderr: auto (when it is a terminal), always or never")
+	f.DurationVar(&o.lockTimeout, "lock-timeout", 30*time.Second, "longest wait for a marker locked by a running consumer (dry-run)")
+	return cmd
+}
+
+func (a *app) replay(cmd *cobra.Command, o *replayOpts) error {
+	switch {
+	case len(o.brokers) == 0:
+		return errors.New("--brokers is required")
+	case o.group == "":
+		return errors.New("--group is required")
+	case o.topic == "":
+		return errors.New("--topic is required")
+	case (o.toTime == "") == (len(o.toOffset) == 0):
+		return errors.New("give exactly one of --to-time and --to-offset")
+	case o.dryRun && o.scope == "":
+		return errors.New("--scope is required with --dry-run: it names the markers that decide what is already applied")
+	case o.batch < 1:
+		return errors.New("--batch must be at least 1")
+	}
+	switch o.progress {
+	case "auto", "always", "never":
+	default:
+		return fmt.Errorf("--progress: %q is not auto, always or never", o.progress)
+	}
+	ctx := cmd.Context()
+	kc, err := newKafkaClient(o.brokers)
+	if err != nil {
+		return err
+	}
+	defer kc.close()
+	pool, err := a.db(ctx)
+	if err != nil {
+		return err
+	}
+	plan, err := a.plan(ctx, pool, kc, o)
+	if err != nil {
+		return err
+	}
+	out := cmd.OutOrStdout()
+	if o.dryRun {
+		rep, err := a.dryRun(cmd, pool, kc, o, plan)
+		if err != nil {
+			return err
+		}
+		if o.asJSON {
+			return writeJSON(out, rep)
+		}
+		printPlan(out, o, plan)
+		printDryRun(out, rep)
+		return nil
+	}
+	if o.asJSON {
+		if err := writeJSON(out, plan); err != nil {
+			return err
+		}
+	} else {
+		printPlan(out, o, plan)
+	}
+	var total int64
+	for _, p := range plan {
+		total += p.Messages
+	}
+	if err := a.confirm(cmd, fmt.Sprintf("Move the stored offsets of group %q on %s back, so that %d message(s) are delivered again?", o.group, o.topic, total)); err != nil {
+		return err
+	}
+	if err := a.applyReplay(ctx, pool, kc, o, plan); err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "stored offsets moved: start the consumers of group %q to replay %d message(s)\n", o.group, total)
+	return nil
+}
+
+// plan reads the stored offsets and the partitions' bounds and works out
+// each partition's target.
+func (a *app) plan(ctx context.Context, pool *pgxpool.Pool, kc *kafkaClient, o *replayOpts) ([]PartitionPlan, error) {
+	parts, err := kc.partitions(ctx, o.topic)
+	if err != nil {
+		return nil, err
+	}
+	if len(o.partitions) > 0 {
+		have := map[int]bool{}
+		for _, p := range parts {
+			have[p] = true
+		}
+		for _, p := range o.partitions {
+			if !have[p] {
+				return nil, fmt.Errorf("--partitions: topic %s has no partition %d", o.topic, p)
+			}
+		}
+		parts = append([]int(nil), o.partitions...)
+		sort.Ints(parts)
+		parts = compactInts(parts)
+	}
+	first, end, err := kc.bounds(ctx, o.topic, parts)
+	if err != nil {
+		return nil, err
+	}
+	var targets map[int]int64
+	explicit := false
+	if o.toTime != "" {
+		t, err := parseWhen(o.toTime, time.Now())
+		if err != nil {
+			return nil, err
+		}
+		if targets, err = kc.offsetsAt(ctx, o.topic, parts, t, end); err != nil {
+			return nil, err
+		}
+	} else {
+		explicit = true
+		if targets, err = parseOffsets(o.toOffset, parts); err != nil {
+			return nil, err
+		}
+	}
+	stored, err := a.storedOffsets(ctx, pool, pool, o.group, o.topic, parts, false)
+	if err != nil {
+		return nil, err
+	}
+	plan := make([]PartitionPlan, 0, len(parts))
+	for _, p := range parts {
+		pp := PartitionPlan{Partition: p, First: first[p], End: end[p], Target: targets[p]}
+		if s, ok := stored[p]; ok {
+			pp.Stored, pp.Generation = s.next, s.gen
+		}
+		if explicit && pp.Target > pp.End {
+			return nil, fmt.Errorf("--to-offset: %s/%d ends at offset %d, before %d", o.topic, p, pp.End, pp.Target)
+		}
+		if pp.Target < pp.First {
+			pp.Target, pp.Clamped = pp.First, true
+		}
+		if pp.Stored != nil && pp.Target > *pp.Stored {
+			return nil, fmt.Errorf("%s/%d: the target offset %d is after the stored offset %d: replay only moves offsets back (moving forward would skip messages)",
+				o.topic, p, pp.Target, *pp.Stored)
+		}
+		pp.Messages = pp.End - pp.Target
+		plan = append(plan, pp)
+	}
+	return plan, nil
+}
+
+type storedOffset struct {
+	next *int64
+	gen  int32
+}
+
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// storedOffsets reads the group's rows for parts; with lock, it locks them.
+func (a *app) storedOffsets(ctx context.Context, pool *pgxpool.Pool, q querier, group, topic string, parts []int, lock bool) (map[int]storedOffset, error) {
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, a.offsetsIdent()).Scan(&exists); err != nil {
+		return nil, err
+	}
+	if !exists {
+		return nil, fmt.Errorf("table %s does not exist: the consumers keep their offsets elsewhere (KafkaOffsetsOnly?) or --schema/--offsets-table are wrong", a.offsetsIdent())
+	}
+	ps := make([]int32, len(parts))
+	for i, p := range parts {
+		ps[i] = int32(p)
+	}
+	sql := `SELECT partition, next_offset, generation FROM ` + a.offsetsIdent() + `
+WHERE group_id = $1 AND topic = $2 AND partition = ANY($3) ORDER BY partition`
+	if lock {
+		sql += ` FOR UPDATE`
+	}
+	rows, err := q.Query(ctx, sql, group, topic, ps)
+	if err != nil {
+		return nil, fmt.Errorf("offsets: %w", err)
+	}
+	defer rows.Close()
+	out := map[int]storedOffset{}
+	for rows.Next() {
+		var p int32
+		var s storedOffset
+		if err := rows.Scan(&p, &s.next, &s.gen); err != nil {
+			return nil, err
+		}
+		out[int(p)] = s
+	}
+	return out, rows.Err()
+}
+
+// applyReplay writes the plan: rows are created or locked, the group is
+// checked for members under the locks, and the targets are stored, in one
+// transaction.
+func (a *app) applyReplay(ctx context.Context, pool *pgxpool.Pool, kc *kafkaClient, o *replayOpts, plan []PartitionPlan) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	parts := make([]int32, len(plan))
+	targets := make([]int64, len(plan))
+	ints := make([]int, len(plan))
+	for i, p := range plan {
+		parts[i], targets[i], ints[i] = int32(p.Partition), p.Target, p.Partition
+	}
+	// Rows the group does not have yet are created (without an offset), so
+	// that they are locked like the others.
+	if _, err := tx.Exec(ctx, `INSERT INTO `+a.offsetsIdent()+` (group_id, topic, partition, next_offset, generation)
+SELECT $1, $2, p, NULL, 0 FROM unnest($3::integer[]) AS p ORDER BY p
+ON CONFLICT (group_id, topic, partition) DO NOTHING`, o.group, o.topic, parts); err != nil {
+		return fmt.Errorf("offsets: %w", err)
+	}
+	stored, err := a.storedOffsets(ctx, pool, tx, o.group, o.topic, ints, true)
+	if err != nil {
+		return err
+	}
+	for _, p := range plan {
+		s := stored[p.Partition]
+		if !sameOffset(s.next, p.Stored) {
+			return fmt.Errorf("%s/%d: the stored offset moved from %s to %s since the plan: are consumers of group %q running? Nothing was written",
+				o.topic, p.Partition, fmtInt(p.Stored), fmtInt(s.next), o.group)
+		}
+	}
+	state, members, err := kc.groupMembers(ctx, o.group)
+	if err != nil {
+		return err
+	}
+	if members > 0 {
+		return fmt.Errorf("group %q has %d active member(s) (state %s): stop its consumers first, since a running consumer would undo the replay "+
+			"(a consumer that crashed stays a member until its session times out). Nothing was written", o.group, members, state)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE `+a.offsetsIdent()+` AS o SET next_offset = u.target, updated_at = now()
+FROM unnest($3::integer[], $4::bigint[]) AS u(partition, target)
+WHERE o.group_id = $1 AND o.topic = $2 AND o.partition = u.partition`, o.group, o.topic, parts, targets); err != nil {
+		return fmt.Errorf("offsets: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("offsets: commit: %w", err)
+	}
+	return nil
+}
+
+func sameOffset(a, b *int64) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return *a == *b
+}
+
+// parseWhen reads an RFC 3339 time or a duration before now.
+func parseWhen(s string, now time.Time) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+		return now.Add(-d), nil
+	}
+	return time.Time{}, fmt.Errorf("--to-time: %q is neither an RFC 3339 time (2026-11-28T09:00:00Z) nor a duration ago (6h)", s)
+}
+
+// parseOffsets reads "OFFSET" (every partition) or "P=OFFSET" entries.
+func parseOffsets(specs []string, parts []int) (map[int]int64, error) {
+	out := map[int]int64{}
+	all := int64(-1)
+	for _, s := range specs {
+		s = strings.TrimSpace(s)
+		if p, off, ok := strings.Cut(s, "="); ok {
+			pn, err1 := strconv.Atoi(strings.TrimSpace(p))
+			on, err2 := strconv.ParseInt(strings.TrimSpace(off), 10, 64)
+			if err1 != nil || err2 != nil || pn < 0 || on < 0 {
+				return nil, fmt.Errorf("--to-offset: %q is not PARTITION=OFFSET", s)
+			}
+			out[pn] = on
+			continue
+		}
+		on, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || on < 0 {
+			return nil, fmt.Errorf("--to-offset: %q is neither an offset nor PARTITION=OFFSET", s)
+		}
+		all = on
+	}
+	res := map[int]int64{}
+	for _, p := range parts {
+		switch off, ok := out[p]; {
+		case ok:
+			res[p] = off
+		case all >= 0:
+			res[p] = all
+		default:
+			return nil, fmt.Errorf("--to-offset: no offset given for partition %d (give OFFSET for all, or limit --partitions)", p)
+		}
+	}
+	for p := range out {
+		if _, ok := res[p]; !ok {
+			return nil, fmt.Errorf("--to-offset: partition %d is not replayed (see --partitions)", p)
+		}
+	}
+	return res, nil
+}
+
+func printPlan(w io.Writer, o *replayOpts, plan []PartitionPlan) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "group %s, topic %s\n", o.group, o.topic)
+	fmt.Fprintln(tw, "PARTITION\tSTORED NEXT OFFSET\tGENERATION\tFIRST\tEND\tREPLAY FROM\tMESSAGES")
+	for _, p := range plan {
+		note := ""
+		if p.Clamped {
+			note = " (earlier messages are gone: retention)"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%d%s\t%d\n", p.Partition, fmtInt(p.Stored), p.Generation, p.First, p.End, p.Target, note, p.Messages)
+	}
+	_ = tw.Flush()
+}

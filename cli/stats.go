@@ -1,0 +1,346 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+)
+
+// StatsReport is what "stats --json" prints.
+type StatsReport struct {
+	Strategy     string        `json:"strategy"`
+	MarkersTable string        `json:"markers_table,omitempty"`
+	Scopes       []ScopeStats  `json:"scopes"`
+	Tables       []TableStats  `json:"tables"`
+	KafkaOffsets []OffsetStats `json:"kafka_offsets"`
+}
+
+// ScopeStats describes one scope.
+type ScopeStats struct {
+	Scope string `json:"scope"`
+	// Markers counts the scope's markers (senders, for highwater).
+	Markers      int64            `json:"markers"`
+	OldestMarker *time.Time       `json:"oldest_marker,omitempty"`
+	Parked       int64            `json:"parked"`
+	ParkedBy     map[string]int64 `json:"parked_by_reason,omitempty"`
+	OldestParked *time.Time       `json:"oldest_parked,omitempty"`
+}
+
+// TableStats is one table's size on disk, indexes and partitions included.
+type TableStats struct {
+	Table  string `json:"table"`
+	Exists bool   `json:"exists"`
+	Bytes  int64  `json:"bytes"`
+}
+
+// OffsetStats is one partition's offset stored in Postgres, and its lag
+// behind the topic's end offset when brokers were given.
+type OffsetStats struct {
+	Group      string    `json:"group"`
+	Topic      string    `json:"topic"`
+	Partition  int       `json:"partition"`
+	NextOffset *int64    `json:"next_offset"`
+	Generation int32     `json:"generation"`
+	UpdatedAt  time.Time `json:"updated_at"`
+	EndOffset  *int64    `json:"end_offset,omitempty"`
+	Lag        *int64    `json:"lag,omitempty"`
+}
+
+func (a *app) statsCmd() *cobra.Command {
+	var (
+		scope, group string
+		brokers      []string
+		asJSON       bool
+	)
+	cmd := &cobra.Command{
+		Use:   "stats",
+		Short: "Report markers, parked messages, table sizes and Kafka lag per scope",
+		Long: `Report, per scope, the markers of the strategy named by --strategy (their
+number and the oldest one's time; for highwater, the senders and their oldest
+update) and the parked messages by reason; the size of each table on disk;
+and the Kafka offsets stored in Postgres. With --brokers, each stored offset
+is compared with its partition's end offset: the difference is the lag.
+
+Counting markers reads the whole markers table; on very large tables it takes
+a while, but it only reads.`,
+		Example: `  effectively stats
+  effectively stats --scope ledger --brokers kafka:9092 --json`,
+		Args: cobra.NoArgs,
+		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			pool, err := a.db(ctx)
+			if err != nil {
+				return err
+			}
+			rep, err := a.stats(ctx, pool, scope, group)
+			if err != nil {
+				return err
+			}
+			if len(brokers) > 0 {
+				if err := a.addLag(ctx, brokers, rep); err != nil {
+					return err
+				}
+			}
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(rep)
+			}
+			printStats(cmd.OutOrStdout(), rep)
+			return nil
+		}),
+	}
+	f := cmd.Flags()
+	f.StringVar(&scope, "scope", "", "report only this scope")
+	f.StringVar(&group, "group", "", "report only the Kafka offsets of this consumer group")
+	f.StringSliceVar(&brokers, "brokers", nil, "Kafka brokers (host:port, comma-separated), to report lag")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func (a *app) stats(ctx context.Context, pool *pgxpool.Pool, scope, group string) (*StatsReport, error) {
+	s, err := a.strategy()
+	if err != nil {
+		return nil, err
+	}
+	rep := &StatsReport{Strategy: s.Name(), Scopes: []ScopeStats{}, KafkaOffsets: []OffsetStats{}}
+	scopes := map[string]*ScopeStats{}
+	get := func(name string) *ScopeStats {
+		if st, ok := scopes[name]; ok {
+			return st
+		}
+		st := &ScopeStats{Scope: name}
+		scopes[name] = st
+		return st
+	}
+
+	mk, hasMarkers := markersOf(s)
+	if hasMarkers {
+		rep.MarkersTable = mk.schema + "." + mk.table
+		col := map[string]string{"idset": "processed_at", "highwater": "updated_at", "bloom": "slice"}[mk.kind]
+		ok, err := a.tableStats(ctx, pool, rep, mk.ident())
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			rows, err := pool.Query(ctx, `SELECT scope, count(*), min(`+pgx.Identifier{col}.Sanitize()+`) FROM `+mk.ident()+`
+WHERE $1 = '' OR scope = $1 GROUP BY scope`, scope)
+			if err != nil {
+				return nil, fmt.Errorf("markers: %w", err)
+			}
+			for rows.Next() {
+				var name string
+				var n int64
+				var oldest *time.Time
+				if err := rows.Scan(&name, &n, &oldest); err != nil {
+					rows.Close()
+					return nil, err
+				}
+				st := get(name)
+				st.Markers, st.OldestMarker = n, oldest
+			}
+			if err := rows.Err(); err != nil {
+				return nil, fmt.Errorf("markers: %w", err)
+			}
+		}
+	}
+
+	ok, err := a.tableStats(ctx, pool, rep, a.parkedIdent())
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		rows, err := pool.Query(ctx, `SELECT scope, reason, count(*), min(parked_at) FROM `+a.parkedIdent()+`
+WHERE $1 = '' OR scope = $1 GROUP BY scope, reason`, scope)
+		if err != nil {
+			return nil, fmt.Errorf("parked: %w", err)
+		}
+		for rows.Next() {
+			var name, reason string
+			var n int64
+			var oldest time.Time
+			if err := rows.Scan(&name, &reason, &n, &oldest); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			st := get(name)
+			if st.ParkedBy == nil {
+				st.ParkedBy = map[string]int64{}
+			}
+			st.ParkedBy[reason] = n
+			st.Parked += n
+			if st.OldestParked == nil || oldest.Before(*st.OldestParked) {
+				o := oldest
+				st.OldestParked = &o
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("parked: %w", err)
+		}
+	}
+
+	ok, err = a.tableStats(ctx, pool, rep, a.offsetsIdent())
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		rows, err := pool.Query(ctx, `SELECT group_id, topic, partition, next_offset, generation, updated_at FROM `+a.offsetsIdent()+`
+WHERE $1 = '' OR group_id = $1 ORDER BY group_id, topic, partition`, group)
+		if err != nil {
+			return nil, fmt.Errorf("kafka offsets: %w", err)
+		}
+		for rows.Next() {
+			var o OffsetStats
+			var p int32
+			if err := rows.Scan(&o.Group, &o.Topic, &p, &o.NextOffset, &o.Generation, &o.UpdatedAt); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			o.Partition = int(p)
+			rep.KafkaOffsets = append(rep.KafkaOffsets, o)
+		}
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("kafka offsets: %w", err)
+		}
+	}
+	for _, st := range scopes {
+		rep.Scopes = append(rep.Scopes, *st)
+	}
+	sort.Slice(rep.Scopes, func(i, j int) bool { return rep.Scopes[i].Scope < rep.Scopes[j].Scope })
+	return rep, nil
+}
+
+// tableStats records table's size, and reports whether it exists.
+func (a *app) tableStats(ctx context.Context, pool *pgxpool.Pool, rep *StatsReport, table string) (bool, error) {
+	ts := TableStats{Table: table}
+	err := pool.QueryRow(ctx, `SELECT r IS NOT NULL, coalesce(
+    (SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree(r) WHERE isleaf),
+    pg_total_relation_size(r), 0)::bigint
+FROM to_regclass($1) AS r`, table).Scan(&ts.Exists, &ts.Bytes)
+	if err != nil {
+		return false, fmt.Errorf("size of %s: %w", table, err)
+	}
+	rep.Tables = append(rep.Tables, ts)
+	return ts.Exists, nil
+}
+
+// addLag fills in end offsets and lag from the brokers.
+func (a *app) addLag(ctx context.Context, brokers []string, rep *StatsReport) error {
+	kc, err := newKafkaClient(brokers)
+	if err != nil {
+		return err
+	}
+	defer kc.close()
+	byTopic := map[string][]int{}
+	for _, o := range rep.KafkaOffsets {
+		byTopic[o.Topic] = append(byTopic[o.Topic], o.Partition)
+	}
+	ends := map[string]map[int]int64{}
+	for topic, parts := range byTopic {
+		sort.Ints(parts)
+		parts = compactInts(parts)
+		_, end, err := kc.bounds(ctx, topic, parts)
+		if err != nil {
+			return err
+		}
+		ends[topic] = end
+	}
+	for i := range rep.KafkaOffsets {
+		o := &rep.KafkaOffsets[i]
+		if e, ok := ends[o.Topic][o.Partition]; ok {
+			end := e
+			o.EndOffset = &end
+			if o.NextOffset != nil {
+				lag := max(end-*o.NextOffset, 0)
+				o.Lag = &lag
+			}
+		}
+	}
+	return nil
+}
+
+func compactInts(s []int) []int {
+	out := s[:0]
+	for i, v := range s {
+		if i == 0 || v != s[i-1] {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func printStats(w io.Writer, rep *StatsReport) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "strategy %s, markers in %s\n\n", rep.Strategy, orDash(rep.MarkersTable))
+	fmt.Fprintln(tw, "SCOPE\tMARKERS\tOLDEST MARKER\tPARKED\tBY REASON\tOLDEST PARKED")
+	for _, s := range rep.Scopes {
+		var by []string
+		for r, n := range s.ParkedBy {
+			by = append(by, fmt.Sprintf("%s=%d", r, n))
+		}
+		sort.Strings(by)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\n", s.Scope, s.Markers, fmtTime(s.OldestMarker), s.Parked, orDash(strings.Join(by, " ")), fmtTime(s.OldestParked))
+	}
+	if len(rep.Scopes) == 0 {
+		fmt.Fprintln(tw, "(none)")
+	}
+	fmt.Fprintln(tw, "\nTABLE\tSIZE")
+	for _, t := range rep.Tables {
+		size := "missing"
+		if t.Exists {
+			size = fmtBytes(t.Bytes)
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", t.Table, size)
+	}
+	if len(rep.KafkaOffsets) > 0 {
+		fmt.Fprintln(tw, "\nGROUP\tTOPIC\tPARTITION\tSTORED NEXT OFFSET\tGENERATION\tEND OFFSET\tLAG\tUPDATED")
+		for _, o := range rep.KafkaOffsets {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\n", o.Group, o.Topic, o.Partition, fmtInt(o.NextOffset), o.Generation,
+				fmtInt(o.EndOffset), fmtInt(o.Lag), o.UpdatedAt.UTC().Format(time.RFC3339))
+		}
+	}
+	_ = tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func fmtTime(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+func fmtInt(v *int64) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprint(*v)
+}
+
+func fmtBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

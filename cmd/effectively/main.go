@@ -1,0 +1,27 @@
+// Command effectively operates the PostgreSQL side of effectively-once
+// consumers: migrations, stats, parked messages, Kafka replays and the
+// retention sweep. Run "effectively --help".
+//
+// This stock binary has no handlers registered, so "parked redrive" needs
+// a binary of your own that embeds package cli with your handlers.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/effectively-once/effectively/cli"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := cli.NewRoot(cli.Options{}).ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "effectively:", err)
+		os.Exit(1)
+	}
+}
