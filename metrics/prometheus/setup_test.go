@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -189,16 +188,6 @@ func (s scrape) histogram(t *testing.T, name string, labels ...string) (count ui
 		t.Fatalf("%s is not a histogram", name)
 	}
 	return m.Histogram.GetSampleCount(), m.Histogram.GetSampleSum()
-}
-
-// names lists the families' names, for failure messages.
-func (s scrape) names() string {
-	var out []string
-	for n := range s {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return strings.Join(out, " ")
 }
 
 func id(prefix string, i int) string { return fmt.Sprintf("%s-%04d", prefix, i) }
