@@ -53,16 +53,16 @@ func TestCountersMatchKnownTraffic(t *testing.T) {
 		if isTransient(i) {
 			gotTransient++
 		}
-		broker.Publish(i, consumer.Message{ID: id("m", i), Value: []byte(body)})
+		broker.Publish(i%lanes, consumer.Message{ID: id("m", i), Value: []byte(body)})
 	}
 	if gotPoison != poison || gotTransient != transient {
 		t.Fatalf("test setup: %d poison, %d transient", gotPoison, gotTransient)
 	}
 	for k, i := 0, 1; k < dups; k, i = k+1, i+12 {
-		broker.Publish(i, consumer.Message{ID: id("m", i), Value: []byte("payload " + id("m", i))})
+		broker.Publish(i%lanes, consumer.Message{ID: id("m", i), Value: []byte("payload " + id("m", i))})
 	}
 	for k, i := 0, 5; k < mismatches; k, i = k+1, i+60 {
-		broker.Publish(i, consumer.Message{ID: id("m", i), Value: []byte("another payload")})
+		broker.Publish(i%lanes, consumer.Message{ID: id("m", i), Value: []byte("another payload")})
 	}
 	// The bomb's lane: a few ordinary messages and one whose first
 	// attempt breaks the commit.
