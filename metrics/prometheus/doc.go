@@ -25,7 +25,7 @@
 //	                                                    after a handler failure was isolated),
 //	                                                    fenced or error (rolled back)
 //	effectively_batch_size{consumer}                    histogram of messages fetched per batch
-//	effectively_batch_duration_seconds{consumer}        histogram, fetch to settled
+//	effectively_batch_duration_seconds{consumer}        histogram, start of processing to settled
 //	effectively_claim_duration_seconds{consumer,strategy}
 //	effectively_handle_duration_seconds{consumer}
 //	effectively_commit_duration_seconds{consumer}
