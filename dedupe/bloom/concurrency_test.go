@@ -70,14 +70,18 @@ func TestConcurrentClaimersFiltersDiffer(t *testing.T) {
 				}
 			}
 			mu.Unlock()
-			time.Sleep(5 * time.Millisecond) // spread the run over slice boundaries
+			time.Sleep(40 * time.Millisecond) // spread the run over slice boundaries
 		}
 	}
+	begin := time.Now()
 	wg.Go(func() { run(a, all) })
 	wg.Go(func() { run(b, reversed) })
 	wg.Go(func() { run(b, all) })
 	wg.Go(func() { run(a, reversed) })
 	wg.Wait()
+	if took := time.Since(begin); took < time.Second {
+		t.Fatalf("the claims took %v, less than a slice: no boundary was crossed", took)
+	}
 	for i, c := range news {
 		want := 1
 		if i%2 == 0 {
