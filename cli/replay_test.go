@@ -85,6 +85,12 @@ type running struct {
 
 func (e *kenv) start(h consumer.Handler) *running {
 	e.t.Helper()
+	return e.startScope(h, "ledger")
+}
+
+// startScope starts a consumer of the group whose markers are in scope.
+func (e *kenv) startScope(h consumer.Handler, scope string) *running {
+	e.t.Helper()
 	src, err := kafka.New(e.pool, kafka.Config{
 		Brokers: e.k.Brokers(), Group: e.group, Topics: []string{e.topic},
 		MaxWait: kafkatest.MaxWait, SessionTimeout: kafkatest.SessionTimeout, HeartbeatInterval: kafkatest.HeartbeatInterval,
@@ -99,7 +105,7 @@ func (e *kenv) start(h consumer.Handler) *running {
 	}
 	r := &running{done: make(chan error, 1), src: src, hook: &totals{}}
 	c, err := consumer.New(e.pool, src, consumer.Config{
-		Name: "ledger", Strategy: s, Handler: h, BatchSize: 25, RetryBackoff: time.Millisecond, Hooks: []consumer.Hook{r.hook},
+		Name: "ledger", Scope: scope, Strategy: s, Handler: h, BatchSize: 25, RetryBackoff: time.Millisecond, Hooks: []consumer.Hook{r.hook},
 	})
 	if err != nil {
 		e.t.Fatal(err)
@@ -166,7 +172,12 @@ func (e *kenv) storedOffsets() map[int]int64 {
 // drain runs a consumer until the stored offsets reach the topic's end.
 func (e *kenv) drain(h consumer.Handler) consumer.BatchStats {
 	e.t.Helper()
-	r := e.start(h)
+	return e.drainScope(h, "ledger")
+}
+
+func (e *kenv) drainScope(h consumer.Handler, scope string) consumer.BatchStats {
+	e.t.Helper()
+	r := e.startScope(h, scope)
 	end := e.endOffsets()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -295,18 +306,7 @@ func TestReplayDryRunMatchesReplay(t *testing.T) {
 	}
 
 	// The replay itself, once the group is empty.
-	replayArgs := []string{"replay", "--brokers", strings.Join(e.k.Brokers(), ","), "--group", e.group, "--topic", e.topic, "--to-offset", "0", "--yes"}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, err := e.run(stock, "", replayArgs...)
-		if err == nil {
-			break
-		}
-		if !strings.Contains(err.Error(), "active member") || time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	e.replay("--to-offset", "0")
 	for p, o := range e.storedOffsets() {
 		if o != 0 {
 			t.Fatalf("partition %d stored at %d after the replay, want 0", p, o)
@@ -352,6 +352,24 @@ func TestStatsKafkaLag(t *testing.T) {
 	r = e.must(stock, "stats", "--brokers", strings.Join(e.k.Brokers(), ","))
 	if !strings.Contains(r.out, "LAG") || !strings.Contains(r.out, e.group) {
 		t.Fatalf("stats table:\n%s", r.out)
+	}
+}
+
+// replay moves the group's offsets with --yes, retrying while the group
+// still lists the member of a consumer that just stopped.
+func (e *kenv) replay(args ...string) {
+	e.t.Helper()
+	args = append([]string{"replay", "--brokers", strings.Join(e.k.Brokers(), ","), "--group", e.group, "--topic", e.topic, "--yes"}, args...)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := e.run(stock, "", args...)
+		if err == nil {
+			return
+		}
+		if !strings.Contains(err.Error(), "active member") || time.Now().After(deadline) {
+			e.t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 
