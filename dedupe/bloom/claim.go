@@ -63,9 +63,11 @@ type marker struct {
 }
 
 // Claim decides the verdicts of keys and writes the markers of new keys in
-// tx, in three statements sent in two round trips (a third, rare one reads
-// keys that another consumer wrote to the current slice): see the package
-// documentation for the protocol. tx must be READ COMMITTED.
+// tx, with four statements in two round trips whatever the batch size (a
+// fifth, rare one reads the markers of keys another consumer wrote to the
+// current slice): see the package documentation for the protocol. tx must
+// be READ COMMITTED. An invalid key (see dedupe.Validate; ID is required)
+// fails the whole claim with a *dedupe.KeyError naming it.
 func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]dedupe.Verdict, error) {
 	verdicts := make([]dedupe.Verdict, len(keys))
 	if len(keys) == 0 {
