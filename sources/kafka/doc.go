@@ -51,6 +51,12 @@
 // by default), or "topic/partition/offset" when it is missing or empty;
 // Message.Ref is "topic/partition@offset", Message.Lane "topic/partition",
 // Message.Key the record key. Retried messages are kept by the source and
-// delivered again after their delay with Attempt incremented. OffsetKey and
-// SequenceKey are KeyFuncs for the highwater strategy.
+// delivered again after their delay with Attempt incremented. SequenceKey
+// is a KeyFunc for the highwater strategy, reading a sender and a sequence
+// number from headers. Position tells a message's topic, partition and offset.
+//
+// A partition whose stored offset lies past the end of its log (the topic
+// was deleted and recreated) is not reset: kafka-go keeps waiting for that
+// offset and logs warnings. Delete the group's rows from the offsets table
+// to start such a partition over.
 package kafka

@@ -1,7 +1,6 @@
 package kafka
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -64,23 +63,15 @@ func Position(m *consumer.Message) (topic string, partition int, offset int64, o
 	return d.lane.topic, d.lane.partition, d.offset, true
 }
 
-// OffsetKey is a KeyFunc for the highwater strategy in monotonic mode: the
-// sender is the message's "topic/partition" and the sequence number its
-// offset + 1. It recognises redeliveries of the same record without a
-// marker per message; it cannot recognise a producer that sent an event
-// twice (use an ID header and idset for that).
-func OffsetKey(m *consumer.Message) (dedupe.Key, error) {
-	_, _, off, ok := Position(m)
-	if !ok {
-		return dedupe.Key{}, errors.New("kafka: OffsetKey used with a message of another source")
-	}
-	return dedupe.Key{ID: m.ID, Sender: m.Lane, Seq: off + 1}, nil
-}
-
 // SequenceKey returns a KeyFunc for the highwater strategy that reads the
 // sender from the header senderHeader and its decimal sequence number
 // (starting at 1) from seqHeader. A message missing either header, or with
 // a sequence number that does not parse, is parked with that reason.
+//
+// Use it with highwater's Strict mode: a message handed back for a retry
+// then holds its sender's later messages back as gaps until it commits. In
+// Monotonic mode the later messages would move the mark past it, and its
+// redelivery would count as a duplicate.
 func SequenceKey(senderHeader, seqHeader string) consumer.KeyFunc {
 	return func(m *consumer.Message) (dedupe.Key, error) {
 		sender, ok := m.Header(senderHeader)
