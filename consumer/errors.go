@@ -67,3 +67,20 @@ func (e *ConfigError) Error() string {
 
 // Is makes errors.Is(err, ErrInvalidConfig) true.
 func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+
+// ParkedError is the error MessageHook.MessageDone receives for a parked
+// message: why it was parked (one of the Reason constants) and the error
+// that led there, if any.
+type ParkedError struct {
+	Reason string
+	Err    error
+}
+
+func (e *ParkedError) Error() string {
+	if e.Err == nil {
+		return "parked: " + e.Reason
+	}
+	return "parked (" + e.Reason + "): " + e.Err.Error()
+}
+
+func (e *ParkedError) Unwrap() error { return e.Err }

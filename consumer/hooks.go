@@ -81,8 +81,8 @@ type BatchStartHook interface {
 }
 
 // MessageHook is an optional Hook extension called once per message when
-// its batch is done. err is the handler's or key's error for parked and
-// retried messages.
+// its batch is done. err is the handler's or key's error for retried
+// messages, and a *ParkedError carrying the reason for parked ones.
 type MessageHook interface {
 	MessageDone(ctx context.Context, m *Message, o Outcome, err error)
 }

@@ -40,8 +40,12 @@ func (c *Consumer) report(ctx context.Context, st *BatchStats, items []*item) {
 			if it.outcome == 0 {
 				continue // abandoned with its batch
 			}
+			err := it.err
+			if it.outcome == OutcomeParked {
+				err = &ParkedError{Reason: it.reason, Err: it.err}
+			}
 			for _, h := range c.msgHooks {
-				h.MessageDone(ctx, it.m, it.outcome, it.err)
+				h.MessageDone(ctx, it.m, it.outcome, err)
 			}
 		}
 	}
