@@ -94,6 +94,9 @@ SELECT 'bench', 'old-' || $1::int || '-' || g, $2 FROM generate_series(1, $3::in
 			keys := float64(st.Keys - st0.Keys)
 			b.ReportMetric(keys/elapsed.Seconds(), "keys/s")
 			b.ReportMetric(float64(st.Probes-st0.Probes)/keys, "probes/key")
+			if st.SealedKeys > 0 {
+				b.ReportMetric(float64(st.SealedBytes)/float64(st.SealedKeys), "filter-B/key")
+			}
 			if tests := st.Tests - st0.Tests; tests > 0 {
 				b.ReportMetric(float64(st.FalsePositives-st0.FalsePositives)/float64(tests), "fp-rate")
 			}

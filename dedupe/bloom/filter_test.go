@@ -54,8 +54,8 @@ func TestFalsePositiveRate(t *testing.T) {
 	tests := st.Tests - st0.Tests
 	fps := st.FalsePositives - st0.FalsePositives
 	rate := float64(fps) / float64(tests)
-	t.Logf("measured false-positive rate %.4f (%d of %d checks), filters %d bytes; overall %.4f",
-		rate, fps, tests, st.FilterBytes, st.FalsePositiveRate)
+	t.Logf("measured false-positive rate %.4f (%d of %d checks), sealed filters %d bytes for %d keys; overall %.4f",
+		rate, fps, tests, st.SealedBytes, st.SealedKeys, st.FalsePositiveRate)
 	if tests < 20_000 {
 		t.Fatalf("%d checks against sealed filters, want at least 20,000", tests)
 	}
@@ -64,6 +64,10 @@ func TestFalsePositiveRate(t *testing.T) {
 	}
 	if st.FalsePositiveRate < 0.005 || st.FalsePositiveRate > 0.015 {
 		t.Fatalf("Stats.FalsePositiveRate %.4f, want about 0.01", st.FalsePositiveRate)
+	}
+	if perKey := float64(st.SealedBytes) / float64(st.SealedKeys); st.SealedKeys != 20_000 || perKey > 1.5 {
+		t.Fatalf("sealed filters hold %d keys in %d bytes (%.2f bytes a key), want 20,000 keys at most 1.5 bytes a key",
+			st.SealedKeys, st.SealedBytes, perKey)
 	}
 	if saved := st.ProbesSaved - st0.ProbesSaved; saved < tests*9/10 {
 		t.Fatalf("%d probes saved of %d checks", saved, tests)

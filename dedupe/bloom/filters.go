@@ -22,6 +22,7 @@ import (
 type sliceFilter struct {
 	start   time.Time
 	sealed  bool
+	keys    int64 // markers loaded from the store
 	byScope map[string]*bloom.BloomFilter
 }
 

@@ -8,6 +8,10 @@ type Stats struct {
 	Keys, New int64
 	// FilterBytes is the memory held by the filters' bit arrays.
 	FilterBytes int64
+	// SealedBytes and SealedKeys are the memory of the sealed filters and
+	// the number of markers they hold (SealedBytes/SealedKeys is the filter
+	// memory per key).
+	SealedBytes, SealedKeys int64
 	// Slices is the number of slices with filters; Sealed counts those
 	// rebuilt from the store since New.
 	Slices, Sealed int64
@@ -79,7 +83,12 @@ func (s *Strategy) Stats() Stats {
 	s.filters.mu.RLock()
 	for _, sf := range s.filters.slices {
 		st.Slices++
-		st.FilterBytes += int64(sf.bytes())
+		b := int64(sf.bytes())
+		st.FilterBytes += b
+		if sf.sealed {
+			st.SealedBytes += b
+			st.SealedKeys += sf.keys
+		}
 	}
 	s.filters.mu.RUnlock()
 	return st

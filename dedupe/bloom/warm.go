@@ -150,6 +150,7 @@ func (s *Strategy) load(ctx context.Context, db DB, start time.Time, sealed bool
 	if err := rows.Err(); err != nil {
 		return nil, 0, err
 	}
+	sf.keys = n
 	return sf, n, nil
 }
 
