@@ -2,6 +2,7 @@ package prometheus
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ const (
 	labelResult   = "result"
 	labelStrategy = "strategy"
 	labelLane     = "lane"
+	labelReason   = "reason"
 )
 
 // Values of the outcome label of messages_total.
@@ -46,6 +48,7 @@ type Metrics struct {
 	commit    *prom.HistogramVec
 	ack       *prom.HistogramVec
 	age       *prom.HistogramVec
+	parked    *prom.CounterVec
 	lag       *prom.GaugeVec
 	collected []prom.Collector
 
@@ -92,11 +95,14 @@ func New(opts Options) (*Metrics, error) {
 		ack:      histogram("ack_duration_seconds", "Time to acknowledge a committed batch to its source.", d, labelConsumer),
 		age: histogram("message_age_seconds",
 			"Time from the broker accepting an applied message to its batch being settled.", opts.MessageAgeBuckets, labelConsumer),
+		parked: counter("parked_total",
+			"Parked messages by reason: invalid_key, permanent, max_attempts, mismatch or gap.",
+			labelConsumer, labelReason),
 		lag: prom.NewGaugeVec(prom.GaugeOpts{Namespace: ns, Name: "lag_messages", ConstLabels: cl,
 			Help: "Messages the consumer is behind its source, per lane, as last reported with SetLag."}, []string{labelConsumer, labelLane}),
 		strategies: newStrategyMetrics(ns, cl),
 	}
-	m.collected = []prom.Collector{m.messages, m.batches, m.size, m.duration, m.claim, m.handle, m.commit, m.ack, m.age, m.lag}
+	m.collected = []prom.Collector{m.messages, m.batches, m.size, m.duration, m.claim, m.handle, m.commit, m.ack, m.age, m.parked, m.lag}
 	return m, nil
 }
 
@@ -104,6 +110,7 @@ func New(opts Options) (*Metrics, error) {
 // values the first time the consumer reports, so that rates of outcomes
 // that have not happened yet are 0 rather than missing.
 type series struct {
+	name     string
 	messages map[string]prom.Counter
 	batches  map[string]prom.Counter
 	size     prom.Observer
@@ -119,6 +126,7 @@ func (m *Metrics) seriesOf(name string) *series {
 		return s.(*series)
 	}
 	s := &series{
+		name:     name,
 		messages: make(map[string]prom.Counter, len(outcomes)),
 		batches:  make(map[string]prom.Counter, len(results)),
 		size:     m.size.WithLabelValues(name),
@@ -188,9 +196,19 @@ func (m *Metrics) BatchDone(_ context.Context, st *consumer.BatchStats) {
 	}
 }
 
-// MessageDone implements consumer.MessageHook. It observes the age of
-// applied messages whose source reports when it accepted them.
-func (m *Metrics) MessageDone(ctx context.Context, msg *consumer.Message, o consumer.Outcome, _ error) {
+// MessageDone implements consumer.MessageHook. It counts parked messages
+// by reason and observes the age of applied messages whose source reports
+// when it accepted them.
+func (m *Metrics) MessageDone(ctx context.Context, msg *consumer.Message, o consumer.Outcome, err error) {
+	if o == consumer.OutcomeParked {
+		var pe *consumer.ParkedError
+		if errors.As(err, &pe) {
+			if s, ok := ctx.Value(batchKey{}).(*series); ok {
+				m.parked.WithLabelValues(s.name, pe.Reason).Inc()
+			}
+		}
+		return
+	}
 	if o != consumer.OutcomeApplied || msg.Time.IsZero() {
 		return
 	}

@@ -133,6 +133,9 @@ func TestCountersMatchKnownTraffic(t *testing.T) {
 			t.Errorf("messages_total{outcome=%q} = %v, want %d", c.outcome, got, c.want)
 		}
 	}
+	if got := s.value(t, "effectively_parked_total", "consumer=orders", "reason=permanent"); got != poison {
+		t.Errorf("parked_total{reason=permanent} = %v, want %d", got, poison)
+	}
 	// The promise, seen from the database.
 	if rows, distinct := effects(t, pool); rows != wantApplied || distinct != wantApplied {
 		t.Errorf("effects: %d rows for %d messages, want %d of each", rows, distinct, wantApplied)
