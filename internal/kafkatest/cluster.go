@@ -11,6 +11,7 @@ import (
 	"time"
 
 	kafka "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
@@ -32,6 +33,7 @@ type Cluster struct {
 	brokers []string
 	fake    *kfake.Cluster
 	client  *kafka.Client
+	sasl    sasl.Mechanism
 }
 
 // Start starts an in-process single-broker kfake cluster with opts, unless
@@ -72,6 +74,14 @@ func New(tb testing.TB, opts ...kfake.Opt) *Cluster {
 	}
 	tb.Cleanup(c.Close)
 	return c
+}
+
+// UseSASL makes the helpers (CreateTopic, Writer, Produce,
+// CommittedOffsets) authenticate with m, for clusters started with
+// kfake.EnableSASL.
+func (c *Cluster) UseSASL(m sasl.Mechanism) {
+	c.sasl = m
+	c.client.Transport = &kafka.Transport{SASL: m}
 }
 
 // Brokers returns the cluster's bootstrap addresses.
@@ -134,6 +144,7 @@ func (c *Cluster) Writer(topic string) *kafka.Writer {
 		BatchSize:    1000,
 		BatchBytes:   16 << 20,
 		RequiredAcks: kafka.RequireAll,
+		Transport:    &kafka.Transport{SASL: c.sasl},
 	}
 }
 

@@ -280,3 +280,45 @@ func commit(t *testing.T, ctx context.Context, s *Source, e *env, b *consumer.Ba
 		t.Fatal(err)
 	}
 }
+
+// TestOneBatchPerLane: while a partition's batch is in flight, Fetch hands
+// out nothing more of it; messages settled in neither list (abandoned, as
+// after a rolled-back transaction) come back at once, in order, with
+// Attempt 2.
+func TestOneBatchPerLane(t *testing.T) {
+	e := newEnv(t, 1)
+	e.produce(0, 20)
+	s := e.source()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	first, err := s.Fetch(ctx, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	b, err := s.Fetch(short, 5)
+	cancelShort()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second Fetch while the only partition is in flight: batch %v, err %v", b, err)
+	}
+	if err := s.Settle(ctx, first, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	again, err := s.Fetch(ctx, 50)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(again.Messages) < len(first.Messages) {
+		t.Fatalf("redelivery has %d messages, want at least %d", len(again.Messages), len(first.Messages))
+	}
+	for i, m := range first.Messages {
+		if again.Messages[i] != m || m.Attempt != 2 {
+			t.Errorf("message %d of the redelivery: %s attempt %d, want %s attempt 2", i, again.Messages[i].Ref, again.Messages[i].Attempt, m.Ref)
+		}
+	}
+	commit(t, ctx, s, e, again, again.Messages, nil)
+	_, _, last, _ := Position(again.Messages[len(again.Messages)-1])
+	if next := e.storedOffsets()[0][0]; next != last+1 {
+		t.Errorf("stored next offset %d, want %d", next, last+1)
+	}
+}
