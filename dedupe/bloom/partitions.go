@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -14,9 +15,11 @@ import (
 // partitionTimeLayout formats a slice start in a partition's name.
 const partitionTimeLayout = "20060102t150405"
 
-// DB is what maintenance and warm-up need of a database: a *pgxpool.Pool
-// (or a *pgx.Conn). Detaching a partition concurrently runs outside a
-// transaction, so a pgx.Tx does not do.
+// DB is what maintenance and warm-up need of a database: a *pgxpool.Pool.
+// Dropping expired partitions detaches them concurrently, outside any
+// transaction, on one connection while another holds the lock that lets
+// one process drop at a time, so neither a pgx.Tx nor a single *pgx.Conn
+// will do for Maintain.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
@@ -149,12 +152,34 @@ WHERE n.nspname = $1 AND c.relkind = 'r' AND left(c.relname, length($2)) = $2`,
 
 // dropExpired detaches (concurrently, so claims are not blocked) and drops
 // the partitions whose whole slice ended Retention or more before now.
+// One process drops at a time: the others skip their turn. The lock is held
+// by a transaction on one connection while the detaches run on others (they
+// cannot run inside a transaction), so db must be a pool.
 func (s *Strategy) dropExpired(ctx context.Context, db DB, now time.Time) error {
+	horizon := now.Add(-s.cfg.Retention)
 	parts, err := s.partitions(ctx, db)
 	if err != nil {
 		return fmt.Errorf("bloom: maintain: listing partitions: %w", err)
 	}
-	horizon := now.Add(-s.cfg.Retention)
+	parts = slices.DeleteFunc(parts, func(p partition) bool { return p.start.Add(s.cfg.Slice).After(horizon) })
+	if len(parts) == 0 {
+		return nil
+	}
+	lock, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("bloom: maintain: %w", err)
+	}
+	defer func() { _ = lock.Rollback(ctx) }()
+	var mine bool
+	if err := lock.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, s.dropKey).Scan(&mine); err != nil {
+		return fmt.Errorf("bloom: maintain: %w", err)
+	}
+	if !mine {
+		return nil // another process is dropping them
+	}
+	if parts, err = s.partitions(ctx, db); err != nil { // again, now that no one else drops
+		return fmt.Errorf("bloom: maintain: listing partitions: %w", err)
+	}
 	var errs []error
 	for _, p := range parts {
 		if p.start.Add(s.cfg.Slice).After(horizon) {

@@ -37,7 +37,8 @@ type Strategy struct {
 	cfg      Config
 	parent   string // quoted schema.table
 	gateKey  int64  // advisory lock separating claims from seals
-	maintKey int64  // advisory lock serialising maintenance between processes
+	maintKey int64  // advisory lock serialising partition creation between processes
+	dropKey  int64  // advisory lock: one process drops expired partitions at a time
 	hashSeed []byte
 	k        uint // hash functions per filter, shared by every filter
 
@@ -76,6 +77,7 @@ func New(cfg Config) (*Strategy, error) {
 	name := cfg.Schema + "." + cfg.Table
 	s.gateKey = hash64("effectively.bloom.gate\x00" + name)
 	s.maintKey = hash64("effectively.bloom.maintain\x00" + name)
+	s.dropKey = hash64("effectively.bloom.drop\x00" + name)
 	s.hashSeed = []byte("effectively.bloom.key\x00" + name + "\x00")
 	s.filters.slices = map[int64]*sliceFilter{}
 	s.buildSQL()
