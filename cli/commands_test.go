@@ -264,3 +264,53 @@ func TestSweep(t *testing.T) {
 		t.Fatalf("highwater sweep: %v", err)
 	}
 }
+
+// With the bloom strategy, migrate creates the partitioned table, sweep runs
+// its maintenance (which creates the current partitions), and stats sums
+// the partitions' sizes.
+func TestBloomSweepAndStats(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.must(stock, "migrate", "--strategy", "bloom", "--yes")
+	r := e.must(stock, "sweep", "--strategy", "bloom", "--yes")
+	if !strings.Contains(r.out, "0 partition(s) before") {
+		t.Fatalf("sweep: %s", r.out)
+	}
+	if n := e.count(`SELECT count(*) FROM pg_partition_tree('effectively.bloom_markers') WHERE isleaf`); n < 2 {
+		t.Fatalf("%d partitions after maintenance", n)
+	}
+	var rep cli.StatsReport
+	r = e.must(stock, "stats", "--strategy", "bloom", "--json")
+	if err := json.Unmarshal([]byte(r.out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Strategy != "bloom" || rep.MarkersTable != "effectively.bloom_markers" || !rep.Tables[0].Exists || rep.Tables[0].Bytes == 0 {
+		t.Fatalf("stats %+v", rep)
+	}
+}
+
+// Bad flags are refused before anything is read or written.
+func TestFlagErrors(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	replay := []string{"replay", "--brokers", "127.0.0.1:1", "--group", "g", "--topic", "t"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"replay", "--group", "g", "--topic", "t", "--to-offset", "0"}, "--brokers is required"},
+		{replay, "exactly one of --to-time and --to-offset"},
+		{append(replay[:len(replay):len(replay)], "--to-offset", "0", "--to-time", "1h"), "exactly one of"},
+		{append(replay[:len(replay):len(replay)], "--to-offset", "0", "--dry-run"), "--scope is required with --dry-run"},
+		{append(replay[:len(replay):len(replay)], "--to-offset", "0", "--progress", "sometimes"), "--progress"},
+		{[]string{"stats", "--strategy", "nope"}, `unknown strategy "nope"`},
+		{[]string{"stats", "--strategy", "highwater", "--highwater-mode", "loose"}, "neither strict nor monotonic"},
+		{[]string{"parked", "redrive", "--handler", "x"}, "--scope is required"},
+		{[]string{"parked", "show", "abc"}, "not a parked-row id"},
+		{[]string{"parked", "list", "--id", "x"}, "invalid argument"},
+	} {
+		if _, err := e.run(stock, "", c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: err %v, want %q", c.args, err, c.want)
+		}
+	}
+}
