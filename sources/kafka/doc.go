@@ -29,7 +29,10 @@
 // as duplicates.
 //
 // Offsets are also committed to Kafka after each transaction (for lag
-// monitoring and tooling), never past what committed in Postgres. With
+// monitoring and tooling), never past what committed in Postgres. The offset
+// in Postgres wins: to move a group's position (skip or replay records),
+// update next_offset in the table while the group is stopped; an offset
+// reset done with Kafka's tools is ignored for partitions that have a row. With
 // Config.KafkaOffsetsOnly they are the only position: there is no fencing,
 // and redeliveries are left to the dedupe strategy.
 //
