@@ -135,6 +135,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	c.log.Info("consumer starting", "strategy", c.cfg.Strategy.Name(), "batch_size", c.cfg.BatchSize, "concurrency", c.cfg.Concurrency)
 	var wg sync.WaitGroup
+	c.startBackground(ctx, &wg)
 	for i := 0; i < c.cfg.Concurrency; i++ {
 		wg.Add(1)
 		go func() {
@@ -160,6 +161,15 @@ func (c *Consumer) preflight(ctx context.Context) error {
 	if !exists {
 		return fmt.Errorf("consumer: table %s does not exist: call Migrate first", c.parkedTable)
 	}
+	if m, ok := c.cfg.Strategy.(dedupe.Maintainer); ok {
+		db, ok := c.db.(dedupe.DB)
+		if !ok {
+			return fmt.Errorf("consumer: strategy %s needs maintenance, which needs a database with Exec (such as *pgxpool.Pool)", c.cfg.Strategy.Name())
+		}
+		if err := m.Maintain(ctx, db); err != nil {
+			return fmt.Errorf("consumer: %s maintenance: %w", c.cfg.Strategy.Name(), err)
+		}
+	}
 	if r, ok := c.cfg.Strategy.(dedupe.Retainer); ok {
 		if h, ok := c.src.(HorizonSource); ok && r.Retention() > 0 && h.RedeliveryHorizon() > r.Retention() {
 			c.log.Warn("dedupe retention is shorter than the source's redelivery horizon: a message redelivered after its marker expired would be applied again",
@@ -167,6 +177,33 @@ func (c *Consumer) preflight(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// startBackground runs the strategy's maintenance and warm-up, if it has
+// any, until ctx is done.
+func (c *Consumer) startBackground(ctx context.Context, wg *sync.WaitGroup) {
+	db, ok := c.db.(dedupe.DB)
+	if !ok {
+		return
+	}
+	if m, ok := c.cfg.Strategy.(dedupe.Maintainer); ok {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := m.RunMaintenance(ctx, db); err != nil && ctx.Err() == nil {
+				c.log.Error("strategy maintenance stopped", "strategy", c.cfg.Strategy.Name(), "err", err)
+			}
+		}()
+	}
+	if w, ok := c.cfg.Strategy.(dedupe.Warmer); ok {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := w.Warm(ctx, db); err != nil && ctx.Err() == nil {
+				c.log.Error("strategy warm-up failed; it keeps answering by probing the store", "strategy", c.cfg.Strategy.Name(), "err", err)
+			}
+		}()
+	}
 }
 
 // worker fetches and processes batches until ctx is done. work carries on

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Verdict is a strategy's decision about one key.
@@ -95,4 +96,27 @@ type Retainer interface {
 // the migration lines that create them, for use with Migrate.
 type Migrator interface {
 	Migrations() []Line
+}
+
+// DB is what a strategy's background work needs of the database;
+// *pgxpool.Pool has it.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Maintainer is implemented by strategies whose storage needs upkeep while
+// consumers run, such as creating and dropping time partitions. The
+// consumer calls Maintain once before it claims anything, then runs
+// RunMaintenance in the background until Run returns.
+type Maintainer interface {
+	Maintain(ctx context.Context, db DB) error
+	RunMaintenance(ctx context.Context, db DB) error
+}
+
+// Warmer is implemented by strategies that load in-memory state from the
+// store (a Bloom filter). The consumer starts Warm in the background when
+// Run starts; the strategy must answer correctly before it finishes.
+type Warmer interface {
+	Warm(ctx context.Context, db DB) error
 }

@@ -9,21 +9,16 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/effectively-once/effectively/dedupe"
 )
 
 // partitionTimeLayout formats a slice start in a partition's name.
 const partitionTimeLayout = "20060102t150405"
 
-// DB is what maintenance and warm-up need of a database: a *pgxpool.Pool.
-// Dropping expired partitions detaches them concurrently, outside any
-// transaction, on one connection while another holds the lock that lets
-// one process drop at a time, so neither a pgx.Tx nor a single *pgx.Conn
-// will do for Maintain.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
+// DB is what maintenance and warm-up need of the database; *pgxpool.Pool
+// has it.
+type DB = dedupe.DB
 
 // partitionName is the unquoted name of the partition holding slice start.
 func (s *Strategy) partitionName(start time.Time) string {
