@@ -95,11 +95,14 @@
 //
 // # Operation
 //
-// Apply the migrations and run Maintain once (Migrate does both), then run
-// RunMaintenance in the background (it runs just after every slice boundary
-// too, so the closed slice is sealed at once), and call Warm at start to
-// build the filters from the live partitions, streaming, with progress
-// logged. Claim returns ErrNoPartition if the current slice has no
+// Under a consumer, (*consumer.Consumer).Migrate and Run are all it takes:
+// the consumer runs Maintain before its first claim, RunMaintenance in the
+// background and Warm at start (Strategy implements dedupe.Maintainer and
+// dedupe.Warmer). Used on its own, apply the migrations and run Maintain
+// once (Migrate does both), then run RunMaintenance in the background (it
+// runs just after every slice boundary too, so the closed slice is sealed
+// at once), and call Warm at start to build the filters from the live
+// partitions, streaming, with progress logged. Claim returns ErrNoPartition if the current slice has no
 // partition because maintenance did not run. Stats reports the filters'
 // memory, the positives, the confirmed and false positives (the measured
 // false-positive rate) and the probes saved.
