@@ -75,6 +75,10 @@ func (c *Consumer) process(ctx context.Context, b *Batch) error {
 		} else {
 			c.log.Error("batch rolled back; its messages will be delivered again", "lane", b.Lane, "size", len(items), "err", err)
 		}
+		if !st.Fenced {
+			// Their next delivery is not a failure of theirs.
+			c.waits.abandoned(items)
+		}
 		if serr := c.src.Settle(ctx, b, nil, nil); serr != nil {
 			c.log.Error("settle failed", "lane", b.Lane, "err", serr)
 		}

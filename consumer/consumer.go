@@ -84,10 +84,14 @@ func New(db DB, src Source, cfg Config) (*Consumer, error) {
 func (c *Consumer) Config() Config { return c.cfg }
 
 // Migrations returns the migration lines the consumer needs: the parked
-// table and, if the strategy owns tables, the strategy's.
+// table and, if the strategy or the source owns tables (markers, Kafka
+// offsets), theirs.
 func (c *Consumer) Migrations() []dedupe.Line {
 	lines := []dedupe.Line{ParkedLine(c.cfg.Schema, c.cfg.ParkedTable)}
 	if m, ok := c.cfg.Strategy.(dedupe.Migrator); ok {
+		lines = append(lines, m.Migrations()...)
+	}
+	if m, ok := c.src.(dedupe.Migrator); ok {
 		lines = append(lines, m.Migrations()...)
 	}
 	return lines

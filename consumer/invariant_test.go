@@ -42,7 +42,7 @@ func TestInvariant(t *testing.T) {
 var errCrash = errors.New("consumer crashed mid-handler")
 
 func runInvariant(t *testing.T, n int, batch bool, size int) {
-	e := newEnv(t, consumertest.Config{Lanes: 4, DuplicateRate: 0.3, LostAckRate: 0.03, Seed: uint64(n)})
+	e := newEnv(t, consumertest.Config{Lanes: 4, DuplicateRate: 0.3, LostAckRate: 0.1, Seed: uint64(n)})
 	poison := func(id int) bool { return id%997 == 0 }
 	nPoison := 0
 	for i := range n {

@@ -14,8 +14,8 @@ type senderRef struct{ scope, sender string }
 
 // waits keeps, in memory, what the consumer must remember between
 // deliveries of a message: how many deliveries it spent waiting (on a
-// sequence gap, or behind an earlier message of its sender) rather than
-// failing, and, for sequenced strategies, which senders have a message
+// sequence gap, behind an earlier message of its sender, or in a batch
+// that rolled back as a whole) rather than failing, and, for sequenced strategies, which senders have a message
 // waiting for a retry.
 type waits struct {
 	mu      sync.Mutex
@@ -76,5 +76,18 @@ func (w *waits) settled(items []*item, sequenced bool) {
 				}
 			}
 		}
+	}
+}
+
+// abandoned records that a rolled-back batch's messages will be delivered
+// again through no fault of their own.
+func (w *waits) abandoned(items []*item) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.waited) > maxTracked {
+		w.waited = map[string]int{}
+	}
+	for _, it := range items {
+		w.waited[msgRef(it.m)]++
 	}
 }
