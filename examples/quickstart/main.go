@@ -1,18 +1,23 @@
 // Command quickstart is a ledger worker that applies each transfer exactly
-// once although its broker delivers some transfers twice, loses
-// acknowledgements and crashes mid-stream.
+// once although its producer sends some transfers twice and its workers
+// crash mid-batch again and again.
 //
 //	go run ./examples/quickstart
 //
-// It uses DATABASE_URL when set, else it starts a throwaway PostgreSQL. The
-// broker is the in-memory consumertest.Broker; see examples/kafka-ledger and
-// examples/sqs-webhooks for the same worker on Kafka and SQS. It prints
-// progress, then a report, and exits with status 1 if the ledger total is
-// not the sum of the transfers.
+// It runs on an embedded Kafka (franz-go's kfake, in-process, speaking the
+// real protocol to kafka-go) unless KAFKA_BROKERS names a cluster, and on a
+// throwaway PostgreSQL unless DATABASE_URL names a database. It produces the
+// transfers, then consumes them with two workers in one consumer group: one
+// runs throughout, the other crashes (its batch in flight is abandoned, its
+// Kafka offsets are not committed) and restarts every few hundred milliseconds, which
+// also makes the group rebalance. It prints progress, then a report, and
+// exits with status 1 if the ledger is not exactly the sum of the valid
+// transfers.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -21,11 +26,13 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
-	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/internal/kafkatest"
 	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	kafkago "github.com/segmentio/kafka-go"
 )
 
 // Transfer is the message payload.
@@ -36,7 +43,8 @@ type Transfer struct {
 }
 
 // apply is the business effect: one ledger row per transfer, written in
-// the transaction that also records the transfer as processed.
+// the transaction that also records the transfer as processed and moves the
+// partition's offset.
 func apply(ctx context.Context, tx pgx.Tx, m *consumer.Message, t Transfer) error {
 	if t.Amount == 0 {
 		return consumer.Permanent(fmt.Errorf("transfer %s has no amount", t.ID))
@@ -46,25 +54,33 @@ func apply(ctx context.Context, tx pgx.Tx, m *consumer.Message, t Transfer) erro
 }
 
 func main() {
-	n := flag.Int("transfers", 20000, "number of transfers to publish")
+	n := flag.Int("transfers", 50000, "number of transfers to produce")
 	flag.Parse()
-	if err := run(*n); err != nil {
+	if err := run(context.Background(), *n); err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(1)
 	}
 }
 
-func run(n int) error {
-	ctx := context.Background()
+func run(ctx context.Context, n int) error {
+	cluster, err := kafkatest.Start() // KAFKA_BROKERS, or an embedded cluster
+	if err != nil {
+		return err
+	}
+	defer cluster.Close()
+	embedded := cluster.Fake() != nil
+	if embedded {
+		fmt.Println("started an embedded Kafka (set KAFKA_BROKERS to use yours)")
+	}
 	url := os.Getenv("DATABASE_URL")
 	if url == "" {
 		fmt.Println("starting a throwaway PostgreSQL (set DATABASE_URL to use yours)…")
-		cluster, err := pgtest.Start(ctx, pgtest.Options{})
+		pg, err := pgtest.Start(ctx, pgtest.Options{})
 		if err != nil {
 			return err
 		}
-		defer cluster.Stop()
-		url = cluster.URL()
+		defer pg.Stop()
+		url = pg.URL()
 	}
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
@@ -78,123 +94,195 @@ func run(n int) error {
 )`); err != nil {
 		return err
 	}
-	// A fresh scope per run, so the demo can run again on the same database.
-	scope := fmt.Sprintf("quickstart-%d", time.Now().UnixNano())
 
-	// Publish the transfers; every 500th is malformed and will be parked.
-	broker := consumertest.New(consumertest.Config{Lanes: 4, DuplicateRate: 0.2, LostAckRate: 0.02, Seed: uint64(time.Now().UnixNano())})
-	var want int64
-	malformed := 0
-	rng := rand.New(rand.NewPCG(1, 2))
-	for i := range n {
-		t := Transfer{ID: fmt.Sprintf("%s/t-%06d", scope, i), Account: fmt.Sprintf("acct-%02d", rng.IntN(20)), Amount: rng.Int64N(10000) - 3000}
-		body := fmt.Sprintf(`{"id":%q,"account":%q,"amount":%d}`, t.ID, t.Account, t.Amount)
-		if i%500 == 499 {
-			body = `{"id": "` + t.ID + `", "amount": "not a number"}`
-			malformed++
-		} else if t.Amount == 0 {
-			malformed++ // refused by the handler, parked
-		} else {
-			want += t.Amount
-		}
-		broker.Publish(i, consumer.Message{ID: t.ID, Value: []byte(body)})
-	}
-
-	strategy, err := idset.New(idset.Config{})
+	// A fresh topic, group and scope per run, so the demo can run again on
+	// the same database and cluster.
+	run := kafkatest.Name("quickstart")
+	topic, want, valid, invalid, produced, err := produce(ctx, cluster, run, n)
 	if err != nil {
 		return err
 	}
+	fmt.Printf("produced %d messages to %s: %d transfers (every 40th sent twice, as a retrying producer does) and %d invalid ones\n",
+		produced, topic, valid+invalid, invalid)
+
 	counts := &counter{}
-	cfg := consumer.Config{
-		Name:         "quickstart",
-		Scope:        scope,
-		Strategy:     strategy,
-		Handler:      consumer.JSON(apply),
-		BatchSize:    200,
-		RetryBackoff: 10 * time.Millisecond,
-		Hooks:        []consumer.Hook{counts},
+	newWorker := func(shutdown time.Duration) (*consumer.Consumer, *kafka.Source, error) {
+		cfg := kafka.Config{Brokers: cluster.Brokers(), Group: run, Topics: []string{topic}}
+		if embedded {
+			cfg.MaxWait = kafkatest.MaxWait
+			cfg.SessionTimeout = kafkatest.SessionTimeout
+			cfg.HeartbeatInterval = kafkatest.HeartbeatInterval
+		}
+		src, err := kafka.New(pool, cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		strategy, err := idset.New(idset.Config{})
+		if err != nil {
+			return nil, nil, err
+		}
+		c, err := consumer.New(pool, src, consumer.Config{
+			Name:            "quickstart",
+			Scope:           run,
+			Strategy:        strategy,
+			KeyFunc:         consumer.JSONField("id"),
+			Handler:         consumer.JSON(apply),
+			BatchSize:       200,
+			RetryBackoff:    10 * time.Millisecond,
+			ShutdownTimeout: shutdown,
+			Hooks:           []consumer.Hook{counts},
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		return c, src, c.Migrate(ctx) // the parked, markers and offsets tables
 	}
 
-	// Run the worker in several lifetimes: every so often the process
-	// "crashes" (the broker forgets unacknowledged work) and restarts.
-	start := time.Now()
-	for life := 1; !broker.Idle(); life++ {
-		c, err := consumer.New(pool, broker, cfg)
+	// The steady worker.
+	steady, steadySrc, err := newWorker(30 * time.Second)
+	if err != nil {
+		return err
+	}
+	stopSteady, steadyDone := start(ctx, steady)
+
+	// The crashing worker: a shutdown timeout of a nanosecond abandons its
+	// batch in flight, like a crash; its replacement (and the steady
+	// worker, after the rebalance) resume from the offsets in Postgres.
+	start0 := time.Now()
+	crashes := 0
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	settled := func() bool { return counts.get().settled() >= produced }
+	for !settled() {
+		c, src, err := newWorker(time.Nanosecond)
 		if err != nil {
 			return err
 		}
-		if err := c.Migrate(ctx); err != nil {
-			return err
-		}
-		lctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- c.Run(lctx) }()
-		crashAt := time.After(time.Duration(700+rng.IntN(800)) * time.Millisecond)
-		tick := time.NewTicker(250 * time.Millisecond)
+		stop, done := start(ctx, c)
+		deadline := time.After(time.Duration(150+rng.IntN(300)) * time.Millisecond)
+		tick := time.NewTicker(50 * time.Millisecond)
 	life:
 		for {
 			select {
 			case <-tick.C:
 				s := counts.get()
-				fmt.Printf("\r  applied %6d of %d   duplicates %6d   parked %3d   (lifetime %d)", s.Applied, n-malformed, s.Duplicate+s.Mismatch, s.Parked, life)
-				if broker.Idle() {
+				fmt.Printf("\r  applied %6d of %d   duplicates %5d   parked %2d   crashes %2d", s.Applied, valid, s.Duplicate, s.Parked, crashes)
+				if settled() {
 					break life
 				}
-			case <-crashAt:
-				broker.Crash()
+			case <-deadline:
+				crashes++
 				break life
 			}
 		}
 		tick.Stop()
-		cancel()
+		stop()
 		if err := <-done; err != nil {
 			return err
 		}
+		_ = src.Close()
 	}
-	elapsed := time.Since(start)
+	stopSteady()
+	if err := <-steadyDone; err != nil {
+		return err
+	}
+	_ = steadySrc.Close()
+	elapsed := time.Since(start0)
 
 	var got int64
-	var rows, distinct int
-	if err := pool.QueryRow(ctx, `SELECT coalesce(sum(amount), 0), count(*), count(DISTINCT transfer_id) FROM ledger WHERE transfer_id LIKE $1 || '/%'`, scope).Scan(&got, &rows, &distinct); err != nil {
+	var rows, distinct, parked int
+	if err := pool.QueryRow(ctx, `SELECT coalesce(sum(amount), 0), count(*), count(DISTINCT transfer_id) FROM ledger WHERE transfer_id LIKE $1 || '/%'`, run).Scan(&got, &rows, &distinct); err != nil {
 		return err
 	}
-	var parked int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM effectively.parked WHERE scope = $1`, scope).Scan(&parked); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM effectively.parked WHERE scope = $1`, run).Scan(&parked); err != nil {
 		return err
 	}
-	s, bs := counts.get(), broker.Stats()
+	s := counts.get()
 	fmt.Printf("\n\nreport (%s)\n", elapsed.Round(time.Millisecond))
-	fmt.Printf("  transfers published   %7d\n", n)
-	fmt.Printf("  deliveries            %7d  (%d duplicated by the broker, %d acks lost, %d crashes)\n", bs.Delivered, bs.Duplicated, bs.LostAcks, bs.Crashes)
+	fmt.Printf("  messages produced     %7d\n", produced)
+	fmt.Printf("  deliveries            %7d  (%d worker crashes)\n", s.Delivered, crashes)
 	fmt.Printf("  applied               %7d\n", s.Applied)
-	fmt.Printf("  duplicates skipped    %7d\n", s.Duplicate+s.Mismatch)
-	fmt.Printf("  parked                %7d  (malformed or refused: %d)\n", parked, malformed)
+	fmt.Printf("  duplicates skipped    %7d\n", s.Duplicate)
+	fmt.Printf("  parked                %7d  (invalid transfers: %d)\n", parked, invalid)
 	fmt.Printf("  ledger rows           %7d  (%d distinct transfers)\n", rows, distinct)
 	fmt.Printf("  ledger total    %13d\n  expected total  %13d\n", got, want)
-	if got != want || rows != n-malformed || distinct != rows || parked != malformed {
-		fmt.Println("\nCHECK FAILED: the ledger does not match the transfers")
-		os.Exit(1)
+	if got != want || rows != valid || distinct != rows || parked != invalid {
+		return fmt.Errorf("CHECK FAILED: the ledger does not match the transfers")
 	}
-	fmt.Println("\nOK: every transfer applied exactly once; the malformed ones are parked")
+	fmt.Println("\nOK: every transfer applied exactly once; the invalid ones are parked")
 	return nil
 }
 
-// counter totals batch outcomes for the progress line.
+// produce writes n transfers, keyed by account so an account's transfers
+// stay in order; every 40th is sent twice and every 500th is invalid.
+func produce(ctx context.Context, cluster *kafkatest.Cluster, run string, n int) (topic string, want int64, valid, invalid, produced int, err error) {
+	topic = run
+	if err = cluster.CreateTopic(ctx, topic, 4); err != nil {
+		return
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	var msgs []kafkago.Message
+	for i := range n {
+		t := Transfer{ID: fmt.Sprintf("%s/t-%06d", run, i), Account: fmt.Sprintf("acct-%02d", rng.IntN(20)), Amount: rng.Int64N(10000) - 3000}
+		body, _ := json.Marshal(t)
+		switch {
+		case i%500 == 499:
+			body = []byte(`{"id": "` + t.ID + `", "amount": "not a number"}`)
+			invalid++
+		case t.Amount == 0:
+			invalid++ // refused by the handler
+		default:
+			want += t.Amount
+			valid++
+		}
+		m := kafkago.Message{Key: []byte(t.Account), Value: body}
+		msgs = append(msgs, m)
+		if i%40 == 0 {
+			msgs = append(msgs, m)
+		}
+	}
+	w := &kafkago.Writer{
+		Addr:         kafkago.TCP(cluster.Brokers()...),
+		Topic:        topic,
+		Balancer:     &kafkago.Hash{},
+		BatchTimeout: kafkatest.BatchTimeout,
+		BatchSize:    1000,
+		RequiredAcks: kafkago.RequireAll,
+	}
+	defer w.Close()
+	if err = w.WriteMessages(ctx, msgs...); err != nil {
+		return
+	}
+	return topic, want, valid, invalid, len(msgs), nil
+}
+
+// start runs c until the returned stop is called.
+func start(ctx context.Context, c *consumer.Consumer) (stop func(), done <-chan error) {
+	ctx, cancel := context.WithCancel(ctx)
+	ch := make(chan error, 1)
+	go func() { ch <- c.Run(ctx) }()
+	return cancel, ch
+}
+
+// counter totals batch outcomes for the progress line and the report.
 type counter struct {
 	mu sync.Mutex
-	s  consumer.BatchStats
+	s  totals
 }
+
+type totals struct{ Delivered, Applied, Duplicate, Parked int }
+
+func (t totals) settled() int { return t.Applied + t.Duplicate + t.Parked }
 
 func (c *counter) BatchDone(_ context.Context, s *consumer.BatchStats) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.s.Delivered += s.Size
 	c.s.Applied += s.Applied
-	c.s.Duplicate += s.Duplicate
-	c.s.Mismatch += s.Mismatch
+	c.s.Duplicate += s.Duplicate + s.Mismatch
 	c.s.Parked += s.Parked
 }
 
-func (c *counter) get() consumer.BatchStats {
+func (c *counter) get() totals {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.s

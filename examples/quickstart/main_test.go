@@ -1,0 +1,13 @@
+package main
+
+import (
+	"context"
+	"testing"
+)
+
+// The demo checks its own ledger; run a small one.
+func TestQuickstart(t *testing.T) {
+	if err := run(context.Background(), 3000); err != nil {
+		t.Fatal(err)
+	}
+}
