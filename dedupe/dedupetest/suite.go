@@ -104,7 +104,7 @@ func (e *env) pick(scope string, is ...int) []dedupe.Key {
 func (e *env) claimTx(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]dedupe.Verdict, error) {
 	vs, err := e.s.Claim(ctx, tx, keys)
 	if err == nil && len(vs) != len(keys) {
-		return vs, fmt.Errorf("Claim returned %d verdicts for %d keys", len(vs), len(keys))
+		return vs, fmt.Errorf("claim returned %d verdicts for %d keys", len(vs), len(keys))
 	}
 	return vs, err
 }
