@@ -34,7 +34,7 @@ func TestAppliesEachMessageOnceDespiteDuplicates(t *testing.T) {
 			t.Errorf("message %s applied %d times", id, n)
 		}
 	}
-	st := e.hooks.get()
+	st := e.hooks.Total()
 	if st.Applied != 400 || st.Duplicate == 0 {
 		t.Errorf("stats: applied %d duplicates %d; want 400 applied and some duplicates", st.Applied, st.Duplicate)
 	}
@@ -293,7 +293,7 @@ func TestMismatchIsReportedAndTreatedAsDuplicate(t *testing.T) {
 			if got := e.effectCounts(); got["evt-1"] != 1 {
 				t.Fatalf("effects %v", got)
 			}
-			st := e.hooks.get()
+			st := e.hooks.Total()
 			parked := e.parked()
 			switch policy {
 			case consumer.MismatchDuplicate:

@@ -105,10 +105,8 @@ func TestWaitingDoesNotCountAsFailing(t *testing.T) {
 		return insertEffect(ctx, tx, m)
 	}
 	c := e.consumer(consumer.Config{Strategy: s, KeyFunc: seqKey, Handler: h, MaxAttempts: 2, GapMaxAttempts: 1000})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	for e.hooks.get().Gap < 10 {
+	r := consumertest.Start(c)
+	for e.hooks.Total().Gap < 10 {
 		time.Sleep(time.Millisecond)
 	}
 	e.broker.Publish(1, seqMsg("a", 1))
@@ -117,10 +115,7 @@ func TestWaitingDoesNotCountAsFailing(t *testing.T) {
 	if err := e.broker.WaitIdle(wctx); err != nil {
 		t.Fatal(err)
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	r.Stop(t)
 	if got := e.effectCounts(); got["a-1"] != 1 || got["a-2"] != 1 {
 		t.Fatalf("effects %v, parked %+v", got, e.parked())
 	}

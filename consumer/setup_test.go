@@ -3,9 +3,6 @@ package consumer_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,7 +22,7 @@ type env struct {
 	t      *testing.T
 	pool   *pgxpool.Pool
 	broker *consumertest.Broker
-	hooks  *countHook
+	hooks  *consumertest.Counter
 }
 
 func newEnv(t *testing.T, bcfg consumertest.Config) *env {
@@ -39,7 +36,7 @@ func newEnv(t *testing.T, bcfg consumertest.Config) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, pool: pool, broker: consumertest.New(bcfg), hooks: &countHook{}}
+	return &env{t: t, pool: pool, broker: consumertest.New(bcfg), hooks: &consumertest.Counter{}}
 }
 
 // config fills what every test needs around the test's own choices.
@@ -66,8 +63,8 @@ func (e *env) config(cfg consumer.Config) consumer.Config {
 	if cfg.GapDelay == 0 {
 		cfg.GapDelay = time.Millisecond
 	}
-	if cfg.Logger == nil && os.Getenv("TEST_LOG") != "" {
-		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	if cfg.Logger == nil {
+		cfg.Logger = consumertest.Logger()
 	}
 	cfg.Hooks = append(cfg.Hooks, e.hooks)
 	return cfg
@@ -75,32 +72,13 @@ func (e *env) config(cfg consumer.Config) consumer.Config {
 
 func (e *env) consumer(cfg consumer.Config) *consumer.Consumer {
 	e.t.Helper()
-	c, err := consumer.New(e.pool, e.broker, e.config(cfg))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if err := c.Migrate(context.Background()); err != nil {
-		e.t.Fatal(err)
-	}
-	return c
+	return consumertest.NewConsumer(e.t, e.pool, e.broker, e.config(cfg))
 }
 
 // runUntilIdle runs c until the broker has nothing left to deliver.
 func (e *env) runUntilIdle(c *consumer.Consumer, timeout time.Duration) {
 	e.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	wctx, wcancel := context.WithTimeout(context.Background(), timeout)
-	defer wcancel()
-	werr := e.broker.WaitIdle(wctx)
-	cancel()
-	if err := <-done; err != nil {
-		e.t.Fatalf("Run: %v", err)
-	}
-	if werr != nil {
-		e.t.Fatal(werr)
-	}
+	consumertest.RunUntilIdle(e.t, c, e.broker, timeout)
 }
 
 func insertEffect(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -122,52 +100,13 @@ func insertEffects(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) err
 // effectCounts returns how many effect rows each message ID has.
 func (e *env) effectCounts() map[string]int {
 	e.t.Helper()
-	rows, err := e.pool.Query(context.Background(), `SELECT msg_id, count(*) FROM effects GROUP BY msg_id`)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct {
-		id string
-		n  int
-	}, error) {
-		var v struct {
-			id string
-			n  int
-		}
-		return v, r.Scan(&v.id, &v.n)
-	})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	m := make(map[string]int, len(out))
-	for _, v := range out {
-		m[v.id] = v.n
-	}
-	return m
+	return consumertest.EffectCounts(e.t, e.pool, "effects", "msg_id")
 }
 
-type parkedRow struct {
-	DedupeID  *string
-	Reason    string
-	LastError string
-	Payload   []byte
-	Ref       string
-	HasMarker bool
-	Attempts  int
-}
-
-func (e *env) parked() []parkedRow {
+// parked returns the rows of the default parked table.
+func (e *env) parked() []consumertest.ParkedRow {
 	e.t.Helper()
-	rows, err := e.pool.Query(context.Background(),
-		`SELECT dedupe_id, reason, last_error, payload, ref, has_marker, attempts FROM effectively.parked ORDER BY id`)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[parkedRow])
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return out
+	return consumertest.Parked(e.t, e.pool, "", "")
 }
 
 func (e *env) markerExists(scope, id string) bool {
@@ -189,35 +128,6 @@ func ids(prefix string, n int) []string {
 		out[i] = fmt.Sprintf("%s-%d", prefix, i)
 	}
 	return out
-}
-
-// countHook totals the batch stats it sees.
-type countHook struct {
-	mu    sync.Mutex
-	total consumer.BatchStats
-	batch int
-}
-
-func (h *countHook) BatchDone(_ context.Context, s *consumer.BatchStats) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.batch++
-	h.total.Size += s.Size
-	h.total.Applied += s.Applied
-	h.total.Duplicate += s.Duplicate
-	h.total.Mismatch += s.Mismatch
-	h.total.Parked += s.Parked
-	h.total.Retried += s.Retried
-	h.total.Gap += s.Gap
-	if s.Isolated {
-		h.total.Isolated = true
-	}
-}
-
-func (h *countHook) get() consumer.BatchStats {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.total
 }
 
 var _ dedupe.Strategy = (*idset.Strategy)(nil)
