@@ -12,6 +12,7 @@ import (
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/internal/fauxqs"
 	"github.com/effectively-once/effectively/sources/sqs"
 )
@@ -104,12 +105,12 @@ func benchPipeline(b *testing.B) {
 	cons := e.consumer(src, consumer.Config{BatchSize: 100, Concurrency: 4})
 	b.StartTimer()
 	began := time.Now()
-	r := start(cons)
+	r := consumertest.Start(cons)
 	for src.Stats().Deleted < int64(b.N) {
 		time.Sleep(2 * time.Millisecond)
 	}
 	elapsed := time.Since(began)
 	b.StopTimer()
-	r.stop(b)
+	r.Stop(b)
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
 }

@@ -3,13 +3,13 @@ package sqs_test
 import (
 	"context"
 	"log/slog"
-	"os"
 	"sync"
 	"testing"
 	"time"
 
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/internal/pgtest"
 	"github.com/effectively-once/effectively/sources/sqs"
@@ -23,7 +23,7 @@ type e2e struct {
 	c      *awssqs.Client
 	queue  string
 	pool   *pgxpool.Pool
-	hooks  *countHook
+	hooks  *consumertest.Counter
 	logger *slog.Logger
 }
 
@@ -39,10 +39,7 @@ func newE2E(t testing.TB, queue string) *e2e {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &e2e{t: t, c: client(t), queue: queue, pool: pool, hooks: &countHook{}}
-	if os.Getenv("TEST_LOG") != "" {
-		e.logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
+	e := &e2e{t: t, c: client(t), queue: queue, pool: pool, hooks: &consumertest.Counter{}, logger: consumertest.Logger()}
 	return e
 }
 
@@ -85,36 +82,7 @@ func (e *e2e) consumer(src consumer.Source, cfg consumer.Config) *consumer.Consu
 		cfg.Logger = e.logger
 	}
 	cfg.Hooks = append(cfg.Hooks, e.hooks)
-	c, err := consumer.New(e.pool, src, cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if err := c.Migrate(context.Background()); err != nil {
-		e.t.Fatal(err)
-	}
-	return c
-}
-
-// running is a consumer's Run in the background.
-type running struct {
-	cancel context.CancelFunc
-	done   chan error
-}
-
-func start(c *consumer.Consumer) *running {
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- c.Run(ctx) }()
-	return r
-}
-
-// stop cancels Run and waits for it to return.
-func (r *running) stop(tb testing.TB) {
-	tb.Helper()
-	r.cancel()
-	if err := <-r.done; err != nil {
-		tb.Fatalf("Run: %v", err)
-	}
+	return consumertest.NewConsumer(e.t, e.pool, src, cfg)
 }
 
 // waitFor polls cond until it holds or timeout passes.
@@ -124,7 +92,7 @@ func (e *e2e) waitFor(what string, timeout time.Duration, cond func() bool) {
 	for !cond() {
 		if time.Now().After(deadline) {
 			v, f := queueDepth(e.t, e.c, e.queue)
-			e.t.Fatalf("timed out after %s waiting for %s; queue: %d visible, %d in flight; stats %+v", timeout, what, v, f, e.hooks.get())
+			e.t.Fatalf("timed out after %s waiting for %s; queue: %d visible, %d in flight; stats %+v", timeout, what, v, f, e.hooks.Total())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -171,18 +139,7 @@ func (e *e2e) distinctEffects() int {
 // effectCounts returns how many effect rows each dedupe ID has.
 func (e *e2e) effectCounts() map[string]int {
 	e.t.Helper()
-	rows, err := e.pool.Query(context.Background(), `SELECT msg_id, count(*) FROM effects GROUP BY msg_id`)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	out := map[string]int{}
-	var id string
-	var n int
-	_, err = pgx.ForEachRow(rows, []any{&id, &n}, func() error { out[id] = n; return nil })
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return out
+	return consumertest.EffectCounts(e.t, e.pool, "effects", "msg_id")
 }
 
 // expectOnce fails unless exactly the IDs in want have one effect each.
@@ -199,51 +156,10 @@ func (e *e2e) expectOnce(want []string) {
 	}
 }
 
-type parkedRow struct {
-	DedupeID  *string
-	Reason    string
-	LastError string
-	Payload   []byte
-	Ref       string
-	Source    string
-	Attempts  int
-}
-
-func (e *e2e) parked() []parkedRow {
+// parked returns the rows of the default parked table.
+func (e *e2e) parked() []consumertest.ParkedRow {
 	e.t.Helper()
-	rows, err := e.pool.Query(context.Background(),
-		`SELECT dedupe_id, reason, last_error, payload, ref, source, attempts FROM effectively.parked ORDER BY id`)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[parkedRow])
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return out
-}
-
-// countHook totals the batch stats it sees.
-type countHook struct {
-	mu    sync.Mutex
-	total consumer.BatchStats
-}
-
-func (h *countHook) BatchDone(_ context.Context, s *consumer.BatchStats) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.total.Size += s.Size
-	h.total.Applied += s.Applied
-	h.total.Duplicate += s.Duplicate
-	h.total.Mismatch += s.Mismatch
-	h.total.Parked += s.Parked
-	h.total.Retried += s.Retried
-}
-
-func (h *countHook) get() consumer.BatchStats {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.total
+	return consumertest.Parked(e.t, e.pool, "", "")
 }
 
 // faultySource wraps a Source and loses acknowledgements: drop decides, per

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/internal/fauxqs"
 	"github.com/effectively-once/effectively/sources/sqs"
 	"github.com/jackc/pgx/v5"
@@ -48,12 +49,12 @@ func TestLostAckRedelivered(t *testing.T) {
 		_, seen := once.LoadOrStore(m.Ref, true)
 		return n%3 == 0 && !seen
 	}}
-	r := start(e.consumer(src, consumer.Config{BatchSize: 10}))
+	r := consumertest.Start(e.consumer(src, consumer.Config{BatchSize: 10}))
 	e.waitFor("all messages applied and deleted", 30*time.Second, e.drained(len(msgs)))
-	r.stop(t)
+	r.Stop(t)
 
 	e.expectOnce(bodiesOf(msgs))
-	if lost, dup := src.lostAcks(), e.hooks.get().Duplicate; lost != 20 || dup < lost {
+	if lost, dup := src.lostAcks(), e.hooks.Total().Duplicate; lost != 20 || dup < lost {
 		t.Fatalf("lost %d acks and saw %d duplicates; want 20 lost, each redelivered as a duplicate", lost, dup)
 	}
 }
@@ -71,9 +72,9 @@ func TestCrashAfterCommitBeforeDelete(t *testing.T) {
 	// First process: it dies after each commit, before the delete: nothing
 	// it commits is deleted.
 	first := &faultySource{Source: e.source(sqs.Config{Receivers: 2}), drop: func(*consumer.Message) bool { return true }}
-	r := start(e.consumer(first, consumer.Config{BatchSize: 10}))
+	r := consumertest.Start(e.consumer(first, consumer.Config{BatchSize: 10}))
 	e.waitFor("the first 20 committed", 20*time.Second, func() bool { return len(e.effectCounts()) == 20 })
-	r.stop(t)
+	r.Stop(t)
 	if err := first.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -84,12 +85,12 @@ func TestCrashAfterCommitBeforeDelete(t *testing.T) {
 	// Second process, with more messages arriving.
 	send(t, c, e.queue, msgs[20:])
 	second := e.source(sqs.Config{Receivers: 2})
-	r = start(e.consumer(second, consumer.Config{BatchSize: 10}))
+	r = consumertest.Start(e.consumer(second, consumer.Config{BatchSize: 10}))
 	e.waitFor("everything applied and deleted", 30*time.Second, e.drained(len(msgs)))
-	r.stop(t)
+	r.Stop(t)
 
 	e.expectOnce(bodiesOf(msgs))
-	if st := e.hooks.get(); st.Duplicate < 20 {
+	if st := e.hooks.Total(); st.Duplicate < 20 {
 		t.Fatalf("stats %+v: want the 20 redelivered messages recognised as duplicates", st)
 	}
 }
@@ -111,13 +112,13 @@ func TestSlowHandlerKeptInvisible(t *testing.T) {
 	}
 	cfg := sqs.Config{Receivers: 1, VisibilityTimeout: 2 * time.Second, HeartbeatInterval: 500 * time.Millisecond}
 	srcA, srcB := e.source(cfg), e.source(cfg)
-	ra := start(e.consumer(srcA, consumer.Config{Handler: handler}))
-	rb := start(e.consumer(srcB, consumer.Config{Handler: handler}))
+	ra := consumertest.Start(e.consumer(srcA, consumer.Config{Handler: handler}))
+	rb := consumertest.Start(e.consumer(srcB, consumer.Config{Handler: handler}))
 	e.waitFor("the slow message applied and deleted", 30*time.Second, e.drained(1))
 	// Give a redelivery, if there were one, time to show.
 	time.Sleep(time.Second)
-	ra.stop(t)
-	rb.stop(t)
+	ra.Stop(t)
+	rb.Stop(t)
 
 	e.expectOnce([]string{"slow-0"})
 	received := srcA.Stats().Received + srcB.Stats().Received
@@ -163,9 +164,9 @@ func TestFIFOOrderAcrossRetries(t *testing.T) {
 		return insertEffect(ctx, tx, m)
 	}
 	src := e.source(sqs.Config{Receivers: 4})
-	r := start(e.consumer(src, consumer.Config{Handler: handler, Concurrency: 4, BatchSize: 10}))
+	r := consumertest.Start(e.consumer(src, consumer.Config{Handler: handler, Concurrency: 4, BatchSize: 10}))
 	e.waitFor("all groups applied and deleted", 60*time.Second, e.drained(len(msgs)))
-	r.stop(t)
+	r.Stop(t)
 
 	rows, err := e.pool.Query(context.Background(), `SELECT lane, msg_id FROM effects ORDER BY n`)
 	if err != nil {
@@ -188,7 +189,7 @@ func TestFIFOOrderAcrossRetries(t *testing.T) {
 			}
 		}
 	}
-	if st := e.hooks.get(); st.Retried != groups {
+	if st := e.hooks.Total(); st.Retried != groups {
 		t.Fatalf("stats %+v: want %d retries", st, groups)
 	}
 	if maxActive.Load() < 2 {
@@ -205,12 +206,12 @@ func TestProducerDuplicates(t *testing.T) {
 	msgs := keyed("m", 50)
 	send(t, c, e.queue, append(append(append([]outgoing(nil), msgs...), msgs...), msgs...))
 
-	r := start(e.consumer(e.source(sqs.Config{Receivers: 4}), consumer.Config{BatchSize: 20}))
+	r := consumertest.Start(e.consumer(e.source(sqs.Config{Receivers: 4}), consumer.Config{BatchSize: 20}))
 	e.waitFor("all copies handled", 30*time.Second, e.drained(len(msgs)))
-	r.stop(t)
+	r.Stop(t)
 
 	e.expectOnce(bodiesOf(msgs))
-	if st := e.hooks.get(); st.Applied != 50 || st.Duplicate != 100 {
+	if st := e.hooks.Total(); st.Applied != 50 || st.Duplicate != 100 {
 		t.Fatalf("stats %+v: want 50 applied and 100 duplicates", st)
 	}
 }
@@ -231,12 +232,12 @@ func TestPoisonParked(t *testing.T) {
 	msgs := keyed("m", 20)
 	send(t, c, e.queue, append(msgs, outgoing{Body: "poison", Attrs: map[string]string{"idempotency-key": "poison"}}))
 
-	r := start(e.consumer(e.source(sqs.Config{Receivers: 2}), consumer.Config{Handler: poisonHandler, MaxAttempts: 3}))
+	r := consumertest.Start(e.consumer(e.source(sqs.Config{Receivers: 2}), consumer.Config{Handler: poisonHandler, MaxAttempts: 3}))
 	e.waitFor("the poison parked and the queue empty", 30*time.Second, func() bool {
 		v, f := queueDepth(t, c, e.queue)
 		return len(e.parked()) == 1 && v == 0 && f == 0
 	})
-	r.stop(t)
+	r.Stop(t)
 
 	e.expectOnce(bodiesOf(msgs))
 	p := e.parked()[0]
@@ -244,7 +245,7 @@ func TestPoisonParked(t *testing.T) {
 		!strings.Contains(p.LastError, "cannot handle this") {
 		t.Fatalf("parked %+v: want the poison message, max_attempts after 3 attempts", p)
 	}
-	if st := e.hooks.get(); st.Retried != 2 {
+	if st := e.hooks.Total(); st.Retried != 2 {
 		t.Fatalf("stats %+v: want 2 retries before parking", st)
 	}
 }
@@ -264,12 +265,12 @@ func TestPoisonLeftToRedrive(t *testing.T) {
 	send(t, c, e.queue, append(msgs, outgoing{Body: "poison", Attrs: map[string]string{"idempotency-key": "poison"}}))
 
 	src := e.source(sqs.Config{Receivers: 2, UseQueueRedrive: true})
-	r := start(e.consumer(src, consumer.Config{Handler: poisonHandler, MaxAttempts: 1}))
+	r := consumertest.Start(e.consumer(src, consumer.Config{Handler: poisonHandler, MaxAttempts: 1}))
 	e.waitFor("the poison in the dead-letter queue", 30*time.Second, func() bool {
 		v, _ := queueDepth(t, c, dlq)
 		return v == 1 && e.drained(len(msgs))()
 	})
-	r.stop(t)
+	r.Stop(t)
 
 	e.expectOnce(bodiesOf(msgs))
 	if p := e.parked(); len(p) != 0 {
@@ -312,11 +313,11 @@ func TestBadInputParked(t *testing.T) {
 		return insertEffect(ctx, tx, m)
 	})
 	src := e.source(sqs.Config{Receivers: 2, SNSEnvelope: true, RequireIDAttribute: true})
-	r := start(e.consumer(src, consumer.Config{Handler: handler}))
+	r := consumertest.Start(e.consumer(src, consumer.Config{Handler: handler}))
 	e.waitFor("bad input parked, good input applied", 30*time.Second, func() bool {
 		return len(e.parked()) == len(bad) && e.drained(len(good))()
 	})
-	r.stop(t)
+	r.Stop(t)
 
 	e.expectOnce(ids)
 	reasons := map[string]string{}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/internal/fauxqs"
 	"github.com/effectively-once/effectively/sources/sqs"
 	"github.com/jackc/pgx/v5"
@@ -78,7 +79,7 @@ func TestInvariant(t *testing.T) {
 	}
 
 	var lost atomic.Int64
-	process := func() (*faultySource, *running) {
+	process := func() (*faultySource, *consumertest.Running) {
 		var mu sync.Mutex
 		r := rand.New(rand.NewPCG(rng.Uint64(), 3))
 		src := &faultySource{Source: e.source(sqs.Config{Receivers: 4}), drop: func(*consumer.Message) bool {
@@ -86,12 +87,12 @@ func TestInvariant(t *testing.T) {
 			defer mu.Unlock()
 			return r.Float64() < 0.02
 		}}
-		return src, start(e.consumer(src, consumer.Config{BatchHandler: handler, BatchSize: 100, Concurrency: 4}))
+		return src, consumertest.Start(e.consumer(src, consumer.Config{BatchHandler: handler, BatchSize: 100, Concurrency: 4}))
 	}
-	crash := func(src *faultySource, run *running) {
+	crash := func(src *faultySource, run *consumertest.Running) {
 		src.die()
 		time.Sleep(50 * time.Millisecond) // let batches in flight commit without their deletes
-		run.stop(t)
+		run.Stop(t)
 		if err := src.Close(); err != nil {
 			t.Logf("close after crash: %v", err)
 		}
@@ -106,7 +107,7 @@ func TestInvariant(t *testing.T) {
 	}
 	src, run := process()
 	e.waitFor("every message applied and the queue empty", 2*time.Minute, e.drained(n))
-	run.stop(t)
+	run.Stop(t)
 	lost.Add(int64(src.lostAcks()))
 	elapsed := time.Since(began)
 
@@ -122,7 +123,7 @@ func TestInvariant(t *testing.T) {
 	if p := e.parked(); len(p) != 0 {
 		t.Fatalf("%d messages parked, first %+v; want none", len(p), p[0])
 	}
-	st := e.hooks.get()
+	st := e.hooks.Total()
 	t.Logf("%d SQS messages (%d logical) in %s: %d deliveries, %d applied, %d duplicates, %d retried, %d lost deletes, %d handler failures",
 		len(msgs), n, elapsed.Round(time.Millisecond), st.Size, st.Applied, st.Duplicate, st.Retried, lost.Load(), handlerFailures.Load())
 	if st.Applied != n || lost.Load() == 0 || st.Retried == 0 || st.Duplicate < len(msgs)-n {
