@@ -124,29 +124,18 @@ func runPipeline(b *testing.B, pool consumer.DB, src consumer.Source, batch int)
 	}
 	a := &applied{done: make(chan struct{})}
 	a.target.Store(int64(b.N))
-	c, err := consumer.New(pool, src, consumer.Config{
+	c := consumertest.NewConsumer(b, pool, src, consumer.Config{
 		Name: "bench", Strategy: strategy, BatchHandler: insertEffects, BatchSize: batch,
 		Hooks: []consumer.Hook{a},
 	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := c.Migrate(context.Background()); err != nil {
-		b.Fatal(err)
-	}
 	if _, err := pgExec(pool, `CREATE TABLE effects (msg_id text NOT NULL, lane text NOT NULL, off bigint NOT NULL)`); err != nil {
 		b.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	b.ResetTimer()
-	go func() { done <- c.Run(ctx) }()
+	r := consumertest.Start(c)
 	<-a.done
 	b.StopTimer()
-	cancel()
-	if err := <-done; err != nil {
-		b.Fatal(err)
-	}
+	r.Stop(b)
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 }
 

@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/jackc/pgx/v5"
 	kafkago "github.com/segmentio/kafka-go"
@@ -31,36 +32,8 @@ func insertEffects(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) err
 	return err
 }
 
-// counts adds up the outcomes the engine reports.
-type counts struct {
-	mu                                  sync.Mutex
-	applied, duplicate, parked, retried int
-	fenced, failed                      int
-}
-
-func (c *counts) BatchDone(_ context.Context, s *consumer.BatchStats) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.applied += s.Applied
-	c.duplicate += s.Duplicate
-	c.parked += s.Parked
-	c.retried += s.Retried
-	if s.Fenced {
-		c.fenced++
-	} else if s.Err != nil {
-		c.failed++
-	}
-}
-
-func (c *counts) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return fmt.Sprintf("applied %d, duplicate %d, parked %d, retried %d, fenced batches %d, failed batches %d",
-		c.applied, c.duplicate, c.parked, c.retried, c.fenced, c.failed)
-}
-
 // engine makes a migrated consumer over src with the idset strategy.
-func (e *env) engine(src consumer.Source, hooks *counts, mutate ...func(*consumer.Config)) *consumer.Consumer {
+func (e *env) engine(src consumer.Source, hooks *consumertest.Counter, mutate ...func(*consumer.Config)) *consumer.Consumer {
 	e.t.Helper()
 	strategy, err := idset.New(idset.Config{})
 	if err != nil {
@@ -79,34 +52,7 @@ func (e *env) engine(src consumer.Source, hooks *counts, mutate ...func(*consume
 	for _, m := range mutate {
 		m(&cfg)
 	}
-	c, err := consumer.New(e.pool, src, cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if err := c.Migrate(context.Background()); err != nil {
-		e.t.Fatal(err)
-	}
-	return c
-}
-
-type run struct {
-	cancel context.CancelFunc
-	done   chan error
-}
-
-func startRun(c *consumer.Consumer) *run {
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &run{cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- c.Run(ctx) }()
-	return r
-}
-
-func (r *run) stop(t *testing.T) {
-	t.Helper()
-	r.cancel()
-	if err := <-r.done; err != nil {
-		t.Fatalf("Run: %v", err)
-	}
+	return consumertest.NewConsumer(e.t, e.pool, src, cfg)
 }
 
 // TestEngineResume: a consumer is stopped mid-stream and another of the same
@@ -115,16 +61,16 @@ func TestEngineResume(t *testing.T) {
 	const n = 6000
 	e := newEnv(t, 3)
 	e.produce(0, n/2)
-	h := &counts{}
+	h := &consumertest.Counter{}
 	firstSrc := e.source()
-	first := startRun(e.engine(firstSrc, h))
+	first := consumertest.Start(e.engine(firstSrc, h))
 	e.waitEffects(n/4, 30*time.Second)
 	e.produce(n/2, n)
-	second := startRun(e.engine(e.source(), h))
-	first.stop(t)
+	second := consumertest.Start(e.engine(e.source(), h))
+	first.Stop(t)
 	_ = firstSrc.Close() // leaves the group: the second consumer gets every partition
 	e.waitEffects(n, 30*time.Second)
-	second.stop(t)
+	second.Stop(t)
 	if rows, distinct := e.effects(); rows != n || distinct != n {
 		t.Fatalf("%d effect rows for %d distinct messages, want %d of each; %s", rows, distinct, n, h)
 	}
@@ -150,19 +96,18 @@ func TestEngineProducerDuplicates(t *testing.T) {
 	if err := e.kafka.Produce(ctx, e.topic, msgs...); err != nil {
 		t.Fatal(err)
 	}
-	h := &counts{}
-	r := startRun(e.engine(e.source(), h))
+	h := &consumertest.Counter{}
+	r := consumertest.Start(e.engine(e.source(), h))
 	waitFor(t, 30*time.Second, "every delivery settled", func() bool {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		return h.applied+h.duplicate >= events+dups
+		tot := h.Total()
+		return tot.Applied+tot.Duplicate >= events+dups
 	})
-	r.stop(t)
+	r.Stop(t)
 	var rows, distinct int
 	if err := e.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT msg_id) FROM effects`).Scan(&rows, &distinct); err != nil {
 		t.Fatal(err)
 	}
-	if rows != events || distinct != events || h.duplicate != dups {
+	if rows != events || distinct != events || h.Total().Duplicate != dups {
 		t.Fatalf("%d effect rows for %d distinct events, want %d; %s", rows, distinct, events, h)
 	}
 }
@@ -193,7 +138,7 @@ func TestEngineBadInput(t *testing.T) {
 	type transfer struct {
 		Amount int `json:"amount"`
 	}
-	h := &counts{}
+	h := &consumertest.Counter{}
 	var fails atomic.Int32
 	c := e.engine(e.source(), h, func(cfg *consumer.Config) {
 		cfg.BatchHandler = nil
@@ -206,11 +151,11 @@ func TestEngineBadInput(t *testing.T) {
 			return insertEffects(ctx, tx, []*consumer.Message{m})
 		})
 	})
-	r := startRun(c)
+	r := consumertest.Start(c)
 	waitFor(t, 30*time.Second, "the partition to pass the bad messages", func() bool {
 		return e.storedOffsets()[0][0] == int64(len(msgs))
 	})
-	r.stop(t)
+	r.Stop(t)
 
 	rows, err := e.pool.Query(ctx, `SELECT msg_id FROM effects ORDER BY off`)
 	if err != nil {
@@ -224,17 +169,11 @@ func TestEngineBadInput(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("applied %v, want %v", got, want)
 	}
-	prows, err := e.pool.Query(ctx, `SELECT ref, reason FROM effectively.parked ORDER BY ref`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	parked, err := pgx.CollectRows(prows, func(r pgx.CollectableRow) (string, error) {
-		var ref, reason string
-		err := r.Scan(&ref, &reason)
-		return ref + " " + reason, err
-	})
-	if err != nil {
-		t.Fatal(err)
+	prows := consumertest.Parked(t, e.pool, "", "")
+	slices.SortFunc(prows, func(a, b consumertest.ParkedRow) int { return strings.Compare(a.Ref, b.Ref) })
+	var parked []string
+	for _, p := range prows {
+		parked = append(parked, p.Ref+" "+p.Reason)
 	}
 	wantParked := []string{
 		e.topic + "/0@2 " + consumer.ReasonInvalidKey,
@@ -276,18 +215,18 @@ func TestEngineCrashBeforeKafkaCommit(t *testing.T) {
 			e := newEnv(t, 2)
 			opt := func(c *Config) { c.KafkaOffsetsOnly = kafkaOnly }
 			e.produce(0, n/2)
-			h := &counts{}
+			h := &consumertest.Counter{}
 			src := &lostAcks{Source: e.source(opt)}
-			r := startRun(e.engine(src, h))
+			r := consumertest.Start(e.engine(src, h))
 			e.waitEffects(n/2, 30*time.Second)
 			src.armed.Store(true) // from now on every ack is lost
 			e.produce(n/2, n)
 			e.waitEffects(n/2+1, 30*time.Second) // a batch committed whose ack was lost
-			r.stop(t)
+			r.Stop(t)
 			_ = src.Close()
 
-			h2 := &counts{}
-			r = startRun(e.engine(e.source(opt), h2))
+			h2 := &consumertest.Counter{}
+			r = consumertest.Start(e.engine(e.source(opt), h2))
 			e.waitEffects(n, 30*time.Second)
 			waitFor(t, 30*time.Second, "Kafka commits at the end of the log", func() bool {
 				offs, err := e.kafka.CommittedOffsets(context.Background(), e.group, e.topic)
@@ -296,15 +235,15 @@ func TestEngineCrashBeforeKafkaCommit(t *testing.T) {
 				}
 				return offs[0] == n/2 && offs[1] == n/2
 			})
-			r.stop(t)
+			r.Stop(t)
 			if rows, distinct := e.effects(); rows != n || distinct != n {
 				t.Fatalf("%d effect rows for %d distinct messages, want %d of each; first %s; second %s", rows, distinct, n, h, h2)
 			}
-			if kafkaOnly && h2.duplicate == 0 {
+			if kafkaOnly && h2.Total().Duplicate == 0 {
 				t.Errorf("no redelivery after the lost Kafka commit: %s", h2)
 			}
-			if !kafkaOnly && h2.duplicate != 0 {
-				t.Errorf("offsets in Postgres, yet %d messages were delivered again", h2.duplicate)
+			if !kafkaOnly && h2.Total().Duplicate != 0 {
+				t.Errorf("offsets in Postgres, yet %d messages were delivered again", h2.Total().Duplicate)
 			}
 			t.Logf("first: %s; second: %s", h, h2)
 		})

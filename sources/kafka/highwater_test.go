@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/dedupe/highwater"
 	"github.com/jackc/pgx/v5"
 	kafkago "github.com/segmentio/kafka-go"
@@ -52,7 +53,7 @@ func TestEngineSequenceHeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	var failedOnce atomic.Bool
-	h := &counts{}
+	h := &consumertest.Counter{}
 	c := e.engine(e.source(), h, func(cfg *consumer.Config) {
 		cfg.Strategy = strategy
 		cfg.KeyFunc = SequenceKey("sender", "seq")
@@ -66,13 +67,13 @@ func TestEngineSequenceHeaders(t *testing.T) {
 			return err
 		}
 	})
-	r := startRun(c)
+	r := consumertest.Start(c)
 	waitFor(t, 30*time.Second, "every message applied", func() bool {
 		var n int
 		_ = e.pool.QueryRow(ctx, `SELECT count(DISTINCT msg_id) FROM effects`).Scan(&n)
 		return n >= senders*perSender
 	})
-	r.stop(t)
+	r.Stop(t)
 	var rows, distinct int
 	if err := e.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT msg_id) FROM effects`).Scan(&rows, &distinct); err != nil {
 		t.Fatal(err)
@@ -95,7 +96,7 @@ func TestEngineSequenceHeaders(t *testing.T) {
 			}
 		}
 	}
-	if !failedOnce.Load() || h.retried == 0 {
+	if !failedOnce.Load() || h.Total().Retried == 0 {
 		t.Errorf("the failure was not exercised: %s", h)
 	}
 }
