@@ -98,16 +98,10 @@ func TestConsumerInvariant(t *testing.T) {
 				if err := s.Warm(ctx, pool); err != nil {
 					t.Fatal(err)
 				}
-				c, err := consumer.New(pool, broker, consumer.Config{
+				c := consumertest.NewConsumer(t, pool, broker, consumer.Config{
 					Name: "bloom-e2e", Strategy: s, BatchHandler: handler, BatchSize: 50, MaxAttempts: 100,
 					RetryBackoff: time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond,
 				})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := c.Migrate(ctx); err != nil {
-					t.Fatal(err)
-				}
 				wg.Go(func() { _ = s.RunMaintenance(runCtx, pool) })
 				wg.Go(func() {
 					if err := c.Run(runCtx); err != nil {
@@ -157,26 +151,10 @@ func TestConsumerInvariant(t *testing.T) {
 	if saved == 0 || confirmed == 0 {
 		t.Error("the filters saved no probe or confirmed no duplicate: the run did not exercise them")
 	}
-	rows, err := pool.Query(ctx, `SELECT msg_id, count(*) FROM effects GROUP BY msg_id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	counts, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct {
-		id string
-		n  int
-	}, error) {
-		var v struct {
-			id string
-			n  int
-		}
-		return v, r.Scan(&v.id, &v.n)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range counts {
-		if c.n != 1 {
-			t.Errorf("message %s has %d effects", c.id, c.n)
+	counts := consumertest.EffectCounts(t, pool, "effects", "msg_id")
+	for id, k := range counts {
+		if k != 1 {
+			t.Errorf("message %s has %d effects", id, k)
 		}
 	}
 	if len(counts) != n {
