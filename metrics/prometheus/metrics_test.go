@@ -103,7 +103,7 @@ func TestCountersMatchKnownTraffic(t *testing.T) {
 	}
 	reg := prom.NewPedanticRegistry()
 	reg.MustRegister(metrics)
-	stats := &statsHook{}
+	stats := &consumertest.Counter{}
 	strategy, err := idset.New(idset.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -143,7 +143,8 @@ func TestCountersMatchKnownTraffic(t *testing.T) {
 
 	// Batches: the scrape agrees with the consumer's own reports, and one
 	// batch rolled back.
-	sum, results := stats.total()
+	sum := stats.Total()
+	results := map[string]int{"ok": sum.OK, "isolated": sum.Isolated, "fenced": sum.Fenced, "error": sum.Failed}
 	var batches float64
 	for _, r := range []string{"ok", "isolated", "fenced", "error"} {
 		got := s.value(t, "effectively_batches_total", "consumer=orders", "result="+r)

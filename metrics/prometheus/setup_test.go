@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -43,27 +42,7 @@ func run(t *testing.T, pool *pgxpool.Pool, broker *consumertest.Broker, cfg cons
 		cfg.RetryBackoff = time.Millisecond
 		cfg.MaxRetryBackoff = 5 * time.Millisecond
 	}
-	c, err := consumer.New(pool, broker, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if err := c.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(rctx) }()
-	wctx, wcancel := context.WithTimeout(ctx, 60*time.Second)
-	defer wcancel()
-	werr := broker.WaitIdle(wctx)
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	if werr != nil {
-		t.Fatal(werr)
-	}
+	consumertest.RunUntilIdle(t, consumertest.NewConsumer(t, pool, broker, cfg), broker, 60*time.Second)
 }
 
 // effects returns the number of effect rows and of distinct messages.
@@ -73,50 +52,6 @@ func effects(t *testing.T, pool *pgxpool.Pool) (rows, distinct int) {
 		t.Fatal(err)
 	}
 	return rows, distinct
-}
-
-// statsHook sums the BatchStats the consumer reports, independently of
-// the metrics under test.
-type statsHook struct {
-	mu      sync.Mutex
-	batches []consumer.BatchStats
-}
-
-func (h *statsHook) BatchDone(_ context.Context, s *consumer.BatchStats) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.batches = append(h.batches, *s)
-}
-
-func (h *statsHook) all() []consumer.BatchStats {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]consumer.BatchStats(nil), h.batches...)
-}
-
-// total sums the outcome counts of all batches.
-func (h *statsHook) total() (sum consumer.BatchStats, results map[string]int) {
-	results = map[string]int{}
-	for _, s := range h.all() {
-		sum.Size += s.Size
-		sum.Applied += s.Applied
-		sum.Duplicate += s.Duplicate
-		sum.Mismatch += s.Mismatch
-		sum.Parked += s.Parked
-		sum.Retried += s.Retried
-		sum.Gap += s.Gap
-		switch {
-		case s.Fenced:
-			results["fenced"]++
-		case s.Err != nil:
-			results["error"]++
-		case s.Isolated:
-			results["isolated"]++
-		default:
-			results["ok"]++
-		}
-	}
-	return sum, results
 }
 
 // scrape gathers reg into families by name.

@@ -123,14 +123,8 @@ func TestBloomStats(t *testing.T) {
 	reg := prom.NewPedanticRegistry()
 	reg.MustRegister(metrics)
 	cfg := consumer.Config{Name: "events", Strategy: strategy, Handler: insertEffect, BatchSize: 50, Hooks: []consumer.Hook{metrics}}
-	c, err := consumer.New(pool, broker, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	consumertest.NewConsumer(t, pool, broker, cfg) // migrates the strategy's tables for Maintain
 	ctx := context.Background()
-	if err := c.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	if err := strategy.Maintain(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
