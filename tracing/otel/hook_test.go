@@ -26,18 +26,6 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// statsHook keeps every BatchStats the consumer reports.
-type statsHook struct {
-	mu    sync.Mutex
-	stats []consumer.BatchStats
-}
-
-func (h *statsHook) BatchDone(_ context.Context, s *consumer.BatchStats) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.stats = append(h.stats, *s)
-}
-
 // summary is what a span says about its batch, or what BatchStats say.
 type summary struct {
 	consumer, lane, strategy                                     string
@@ -130,42 +118,25 @@ func TestSpanPerBatchMatchesStats(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recorder))
 	defer func() { _ = tp.Shutdown(ctx) }()
 	hook := oteltrace.New(oteltrace.Options{TracerProvider: tp, Attributes: []attribute.KeyValue{attribute.String("deployment", "test")}})
-	stats := &statsHook{}
+	stats := &consumertest.Counter{}
 	strategy, err := idset.New(idset.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := consumer.New(pool, broker, consumer.Config{
+	c := consumertest.NewConsumer(t, pool, broker, consumer.Config{
 		Name: "orders", Strategy: strategy, Handler: handler, BatchSize: 16,
 		RetryBackoff: time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond,
 		Hooks: []consumer.Hook{hook, stats},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(rctx) }()
-	wctx, wcancel := context.WithTimeout(ctx, 60*time.Second)
-	werr := broker.WaitIdle(wctx)
-	wcancel()
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if werr != nil {
-		t.Fatal(werr)
-	}
+	consumertest.RunUntilIdle(t, c, broker, 60*time.Second)
+	batches := stats.Batches()
 
 	if started := len(recorder.Started()); started != len(recorder.Ended()) {
 		t.Errorf("%d spans started, %d ended", started, len(recorder.Ended()))
 	}
 	spans := recorder.Ended()
-	if len(spans) != len(stats.stats) || len(spans) == 0 {
-		t.Fatalf("%d spans for %d batches", len(spans), len(stats.stats))
+	if len(spans) != len(batches) || len(spans) == 0 {
+		t.Fatalf("%d spans for %d batches", len(spans), len(batches))
 	}
 	var fromSpans, fromBatches []summary
 	var total summary
@@ -192,7 +163,7 @@ func TestSpanPerBatchMatchesStats(t *testing.T) {
 		total.parked += sum.parked
 		total.messages += sum.messages
 	}
-	for _, s := range stats.stats {
+	for _, s := range batches {
 		fromBatches = append(fromBatches, fromStats(s))
 	}
 	cmp := func(a, b summary) int { return compareSummary(a, b) }
