@@ -306,14 +306,14 @@ func (c *Consumer) prepare(items []*item) []*item {
 	return todo
 }
 
-// mustWait reports whether an earlier message of its sender awaits a retry.
+// mustWait reports whether an earlier message of its sender awaits a
+// retry, in this batch or since an earlier one.
 func (c *Consumer) mustWait(it *item, held map[senderRef]int64) bool {
 	seq, ok := held[senderRef{it.key.Scope, it.key.Sender}]
 	if ok && it.key.Seq > seq {
 		return true
 	}
-	seq, ok = c.waits.blockedAt(it.key)
-	return ok && it.key.Seq > seq
+	return c.waits.behind(it.key)
 }
 
 // wait hands a message back to wait for an earlier one, or parks it with

@@ -6,25 +6,31 @@ import (
 	"github.com/effectively-once/effectively/dedupe"
 )
 
-// maxTracked bounds the waits map; past it the map starts afresh, which only
-// makes waiting messages count as failing a little sooner.
+// maxTracked bounds the waited map; past it the map starts afresh, which
+// only makes waiting messages count as failing a little sooner.
 const maxTracked = 100_000
 
 type senderRef struct{ scope, sender string }
 
 // waits keeps, in memory, what the consumer must remember between
-// deliveries of a message: how many deliveries it spent waiting (on a
-// sequence gap, behind an earlier message of its sender, or in a batch
-// that rolled back as a whole) rather than failing, and, for sequenced strategies, which senders have a message
-// waiting for a retry.
+// deliveries of a message:
+//
+//   - how many deliveries it spent waiting (on a sequence gap, behind an
+//     earlier message of its sender, or in a batch that rolled back as a
+//     whole) rather than failing, so that waiting does not use up its
+//     attempts;
+//   - for sequenced strategies, every sequence number of each sender that
+//     was handed back for a retry (failed or waiting) and has not settled
+//     since: a later sequence number of that sender must wait for all of
+//     them, or a monotonic mark would pass them by.
 type waits struct {
 	mu      sync.Mutex
-	waited  map[string]int      // message → deliveries spent waiting
-	blocked map[senderRef]int64 // sender → lowest seq waiting for a retry
+	waited  map[string]int                   // message → deliveries spent waiting
+	pending map[senderRef]map[int64]struct{} // sender → seqs awaiting redelivery
 }
 
 func newWaits() *waits {
-	return &waits{waited: map[string]int{}, blocked: map[senderRef]int64{}}
+	return &waits{waited: map[string]int{}, pending: map[senderRef]map[int64]struct{}{}}
 }
 
 // msgRef identifies a stored message across redeliveries; its lane may
@@ -40,12 +46,17 @@ func (w *waits) failures(m *Message) int {
 	return max(n, 1)
 }
 
-// blockedAt returns the seq of the sender's message waiting for a retry.
-func (w *waits) blockedAt(k dedupe.Key) (int64, bool) {
+// behind reports whether an earlier sequence number of k's sender awaits
+// redelivery.
+func (w *waits) behind(k dedupe.Key) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	seq, ok := w.blocked[senderRef{k.Scope, k.Sender}]
-	return seq, ok
+	for seq := range w.pending[senderRef{k.Scope, k.Sender}] {
+		if seq < k.Seq {
+			return true
+		}
+	}
+	return false
 }
 
 // settled records the committed outcome of a batch.
@@ -56,25 +67,27 @@ func (w *waits) settled(items []*item, sequenced bool) {
 		w.waited = map[string]int{}
 	}
 	for _, it := range items {
-		ref := msgRef(it.m)
-		switch {
-		case it.outcome == OutcomeRetried && it.waiting:
-			w.waited[ref]++
-		case it.outcome == OutcomeRetried:
-			if sequenced && it.keyErr == nil && it.key.Sender != "" {
-				sr := senderRef{it.key.Scope, it.key.Sender}
-				if seq, ok := w.blocked[sr]; !ok || it.key.Seq < seq {
-					w.blocked[sr] = it.key.Seq
-				}
+		if it.outcome == OutcomeRetried && it.waiting {
+			w.waited[msgRef(it.m)]++
+		} else if it.outcome != OutcomeRetried {
+			delete(w.waited, msgRef(it.m))
+		}
+		if !sequenced || it.keyErr != nil || it.key.Sender == "" {
+			continue
+		}
+		sr := senderRef{it.key.Scope, it.key.Sender}
+		seqs := w.pending[sr]
+		if it.outcome == OutcomeRetried {
+			if seqs == nil {
+				seqs = map[int64]struct{}{}
+				w.pending[sr] = seqs
 			}
-		default:
-			delete(w.waited, ref)
-			if sequenced && it.keyErr == nil && it.key.Sender != "" {
-				sr := senderRef{it.key.Scope, it.key.Sender}
-				if seq, ok := w.blocked[sr]; ok && seq == it.key.Seq {
-					delete(w.blocked, sr)
-				}
-			}
+			seqs[it.key.Seq] = struct{}{}
+			continue
+		}
+		delete(seqs, it.key.Seq)
+		if len(seqs) == 0 {
+			delete(w.pending, sr)
 		}
 	}
 }
