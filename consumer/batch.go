@@ -211,7 +211,8 @@ func (c *Consumer) runFast(ctx context.Context, b *Batch, items []*item, st *Bat
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
-	news, err := c.claim(ctx, tx, c.prepare(items), st)
+	todo, _ := c.prepare(items)
+	news, err := c.claim(ctx, tx, todo, st)
 	if err != nil {
 		return err
 	}
@@ -259,14 +260,14 @@ func (c *Consumer) runIsolated(ctx context.Context, b *Batch, items []*item, st 
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
-	todo := c.prepare(items)
+	todo, held := c.prepare(items)
 	if c.cfg.BatchHandler != nil {
-		if err := c.bisect(ctx, tx, todo, st); err != nil {
+		if err := c.bisect(ctx, tx, todo, held, st); err != nil {
 			return err
 		}
 	} else {
 		for _, it := range todo {
-			if err := c.isolateOne(ctx, tx, it, st); err != nil {
+			if err := c.isolateOne(ctx, tx, it, held, st); err != nil {
 				return err
 			}
 		}
@@ -277,16 +278,16 @@ func (c *Consumer) runIsolated(ctx context.Context, b *Batch, items []*item, st 
 // prepare settles the messages that need no claim (unusable keys, failures
 // already decided, messages that must wait behind an earlier message of
 // their sender) and returns the rest, in order.
-func (c *Consumer) prepare(items []*item) []*item {
-	var held map[senderRef]int64
+//
+// For a sequenced strategy it also returns, per sender, the lowest sequence
+// number of this batch that is to be retried: the sender's later messages
+// must wait for it.
+func (c *Consumer) prepare(items []*item) ([]*item, map[senderRef]int64) {
+	held := map[senderRef]int64{}
 	if c.sequenced {
-		held = map[senderRef]int64{}
 		for _, it := range items {
-			if it.keyErr == nil && it.key.Sender != "" && it.failed != nil && !it.failedPark {
-				sr := senderRef{it.key.Scope, it.key.Sender}
-				if seq, ok := held[sr]; !ok || it.key.Seq < seq {
-					held[sr] = it.key.Seq
-				}
+			if it.failed != nil && !it.failedPark {
+				hold(held, it)
 			}
 		}
 	}
@@ -303,7 +304,19 @@ func (c *Consumer) prepare(items []*item) []*item {
 			todo = append(todo, it)
 		}
 	}
-	return todo
+	return todo, held
+}
+
+// hold records that it is to be retried, so its sender's later messages in
+// the batch wait for it.
+func hold(held map[senderRef]int64, it *item) {
+	if it.keyErr != nil || it.key.Sender == "" {
+		return
+	}
+	sr := senderRef{it.key.Scope, it.key.Sender}
+	if seq, ok := held[sr]; !ok || it.key.Seq < seq {
+		held[sr] = it.key.Seq
+	}
 }
 
 // mustWait reports whether an earlier message of its sender awaits a
@@ -328,7 +341,11 @@ func (c *Consumer) wait(it *item, why string) {
 }
 
 // isolateOne claims and handles one message under a savepoint.
-func (c *Consumer) isolateOne(ctx context.Context, tx pgx.Tx, it *item, st *BatchStats) error {
+func (c *Consumer) isolateOne(ctx context.Context, tx pgx.Tx, it *item, held map[senderRef]int64, st *BatchStats) error {
+	if c.sequenced && it.key.Sender != "" && c.mustWait(it, held) {
+		c.wait(it, "an earlier message of its sender is waiting for a retry")
+		return nil
+	}
 	if _, err := tx.Exec(ctx, "SAVEPOINT effectively_msg"); err != nil {
 		return fmt.Errorf("savepoint: %w", err)
 	}
@@ -373,6 +390,9 @@ func (c *Consumer) isolateOne(ctx context.Context, tx pgx.Tx, it *item, st *Batc
 					}
 				} else {
 					it.retry(herr, c.retryDelay(it))
+					if c.sequenced {
+						hold(held, it)
+					}
 				}
 			}
 		}
@@ -386,12 +406,25 @@ func (c *Consumer) isolateOne(ctx context.Context, tx pgx.Tx, it *item, st *Batc
 // bisect claims and handles group under a savepoint; when the batch handler
 // fails it rolls the group back and tries each half, down to single
 // messages, which are then retried or parked.
-func (c *Consumer) bisect(ctx context.Context, tx pgx.Tx, group []*item, st *BatchStats) error {
+func (c *Consumer) bisect(ctx context.Context, tx pgx.Tx, group []*item, held map[senderRef]int64, st *BatchStats) error {
+	if c.sequenced {
+		// A message that failed earlier in this pass holds its sender's
+		// later ones back.
+		ready := group[:0:0]
+		for _, it := range group {
+			if it.key.Sender != "" && c.mustWait(it, held) {
+				c.wait(it, "an earlier message of its sender is waiting for a retry")
+			} else {
+				ready = append(ready, it)
+			}
+		}
+		group = ready
+	}
 	if len(group) == 0 {
 		return nil
 	}
 	if len(group) == 1 {
-		return c.isolateOne(ctx, tx, group[0], st)
+		return c.isolateOne(ctx, tx, group[0], held, st)
 	}
 	if _, err := tx.Exec(ctx, "SAVEPOINT effectively_group"); err != nil {
 		return fmt.Errorf("savepoint: %w", err)
@@ -436,10 +469,10 @@ func (c *Consumer) bisect(ctx context.Context, tx pgx.Tx, group []*item, st *Bat
 		it.reset()
 	}
 	mid := len(group) / 2
-	if err := c.bisect(ctx, tx, group[:mid], st); err != nil {
+	if err := c.bisect(ctx, tx, group[:mid], held, st); err != nil {
 		return err
 	}
-	return c.bisect(ctx, tx, group[mid:], st)
+	return c.bisect(ctx, tx, group[mid:], held, st)
 }
 
 // claim asks the strategy for the verdicts of items, settles every item
