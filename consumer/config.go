@@ -53,7 +53,10 @@ type Config struct {
 	Concurrency int
 
 	// MaxAttempts is how many times a failing message is tried before it is
-	// parked. Defaults to 10.
+	// parked. Attempts are counted from the source's delivery count
+	// (Message.Attempt), less the deliveries this process saw the message
+	// spend waiting (on a sequence gap, behind an earlier message of its
+	// sender, or in a batch that rolled back as a whole). Defaults to 10.
 	MaxAttempts int
 	// RetryBackoff is the delay before the second attempt; it doubles with
 	// each attempt, with jitter. Defaults to 1s.
