@@ -124,6 +124,12 @@ type Result struct {
 	Load, Warm time.Duration
 	// Claim is the throughput of new keys, per strategy.
 	Bloom, Idset Strategy
+	// ClaimRatios are bloom's rate over idset's in each interleaved run,
+	// ClaimRatio their median: runs next to each other share the
+	// machine's load, so the paired ratio is steadier than the ratio of
+	// the two medians.
+	ClaimRatios []float64
+	ClaimRatio  float64
 	// Filter is bloom's filters after the run.
 	Filter FilterResult
 }
@@ -319,6 +325,11 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Result, error) {
 		sorted := slices.Sorted(slices.Values(p.c.rates))
 		p.out.Rate = sorted[len(sorted)/2]
 	}
+	for k := range r.bloom.rates {
+		res.ClaimRatios = append(res.ClaimRatios, r.bloom.rates[k]/r.idset.rates[k])
+	}
+	sorted := slices.Sorted(slices.Values(res.ClaimRatios))
+	res.ClaimRatio = sorted[len(sorted)/2]
 	st = bs.Stats()
 	res.Filter.Tests = st.Tests
 	res.Filter.FalsePositives = st.FalsePositives
