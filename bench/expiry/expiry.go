@@ -225,7 +225,8 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Result, error) {
 	if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{cfg.Schema}.Sanitize()+` CASCADE`); err != nil {
 		return nil, err
 	}
-	bcfg := bloom.Config{Schema: cfg.Schema, Slice: slice, Retention: time.Duration(cfg.Slices) * slice}
+	// ExpectedKeysPerSlice as a user would set it: the traffic of a slice.
+	bcfg := bloom.Config{Schema: cfg.Schema, Slice: slice, Retention: time.Duration(cfg.Slices) * slice, ExpectedKeysPerSlice: res.PerSlice}
 	bs, err := bloom.New(bcfg)
 	if err != nil {
 		return nil, err
