@@ -10,15 +10,16 @@
 // slice), then starts the bloom strategy as production does (Maintain, then
 // Warm, which build its filters from the store), and measures:
 //
-//   - claim throughput of new keys, bloom and idset runs interleaved, the
-//     median of Config.Runs;
+//   - claim throughput of new keys, bloom and idset runs interleaved: the
+//     median of Config.Runs, and the median of the runs' ratios;
 //   - the cost of expiring the oldest slice's markers, alone on the
 //     server after a checkpoint: the wall time and the WAL written
 //     (pg_wal_lsn_diff of pg_current_wal_lsn) by bloom's Maintain dropping
 //     the slice's partition, and by idset's Sweep deleting the same rows;
 //   - the claim throughput while the next slice expires in another
-//     goroutine, relative to the same strategy's steady state measured just
-//     before;
+//     goroutine, relative to the same strategy's steady state measured
+//     just before and just after (bloom, whose drop lasts a fraction of the
+//     window, drops Config.Drops slices this way; the median is reported);
 //   - the bloom filters' memory per key and their measured false-positive
 //     rate, from Stats.
 //

@@ -39,10 +39,10 @@ type Config struct {
 	// to 500.
 	Batch int
 	// ClaimKeys is the number of new keys each strategy claims per
-	// throughput run. Defaults to 50,000.
+	// throughput run. Defaults to 100,000.
 	ClaimKeys int
 	// Runs is the number of interleaved throughput runs; the median is
-	// reported. Defaults to 3.
+	// reported. Defaults to 7.
 	Runs int
 	// Steady is how long the claim loop runs before an expiry starts and
 	// after its window ends; its rate over those two spans is the steady
@@ -75,10 +75,10 @@ func (c Config) withDefaults() Config {
 		c.Batch = 500
 	}
 	if c.ClaimKeys == 0 {
-		c.ClaimKeys = 50_000
+		c.ClaimKeys = 100_000
 	}
 	if c.Runs == 0 {
-		c.Runs = 3
+		c.Runs = 7
 	}
 	if c.Steady == 0 {
 		c.Steady = 3 * time.Second
@@ -200,7 +200,6 @@ type runner struct {
 	current time.Time // start of the current slice, by the database clock
 	bloom   *claimer
 	idset   *claimer
-	bs      *bloom.Strategy
 }
 
 // Run drops and recreates cfg.Schema in pool's database, loads both
@@ -217,9 +216,8 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Result, error) {
 	}
 	r.current = r.current.Truncate(slice).UTC()
 	res.Current = r.current
-	_, res.PerSlice = r.sliceRange(cfg.Slices)
-	lo, _ := r.sliceRange(cfg.Slices)
-	res.PerSlice = res.PerSlice - lo + 1
+	lo, hi := r.sliceRange(cfg.Slices)
+	res.PerSlice = hi - lo + 1
 
 	// Tables.
 	if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{cfg.Schema}.Sanitize()+` CASCADE`); err != nil {
@@ -238,7 +236,6 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Result, error) {
 	if _, err := dedupe.Migrate(ctx, pool, cfg.Schema, append(bs.Migrations(), is.Migrations()...)...); err != nil {
 		return nil, err
 	}
-	r.bs = bs
 	r.bloom = &claimer{name: "bloom", s: bs, batch: cfg.Batch}
 	r.idset = &claimer{name: "idset", s: is, batch: cfg.Batch}
 

@@ -4,7 +4,7 @@
 // slice, the throughput while a slice expires, and the filters' memory and
 // false-positive rate.
 //
-//	go run ./bench/cmd/expirytable [-markers 10000000] [-runs 3]
+//	go run ./bench/cmd/expirytable [-markers 10000000] [-runs 7] [-claim 100000]
 //
 // It starts a throwaway PostgreSQL with fsync on (as production runs) unless
 // DATABASE_URL names a database to use; that database's expiry_bench schema
@@ -30,8 +30,8 @@ func main() {
 	flag.IntVar(&cfg.Markers, "markers", 10_000_000, "live markers loaded into each strategy's table")
 	flag.IntVar(&cfg.Slices, "slices", 7, "retention in (daily) slices")
 	flag.IntVar(&cfg.Batch, "batch", 500, "new keys per claiming transaction")
-	flag.IntVar(&cfg.ClaimKeys, "claim", 50_000, "new keys per strategy per throughput run")
-	flag.IntVar(&cfg.Runs, "runs", 3, "interleaved throughput runs; the median is reported")
+	flag.IntVar(&cfg.ClaimKeys, "claim", 100_000, "new keys per strategy per throughput run")
+	flag.IntVar(&cfg.Runs, "runs", 7, "interleaved throughput runs; the median is reported")
 	flag.DurationVar(&cfg.Steady, "steady", 3*time.Second, "claim time before an expiry starts (the steady state)")
 	flag.Parse()
 	if err := run(cfg); err != nil {
