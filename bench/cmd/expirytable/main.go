@@ -32,7 +32,7 @@ func main() {
 	flag.IntVar(&cfg.Batch, "batch", 500, "new keys per claiming transaction")
 	flag.IntVar(&cfg.ClaimKeys, "claim", 100_000, "new keys per strategy per throughput run")
 	flag.IntVar(&cfg.Runs, "runs", 7, "interleaved throughput runs; the median is reported")
-	flag.DurationVar(&cfg.Steady, "steady", 3*time.Second, "claim time before an expiry starts (the steady state)")
+	flag.DurationVar(&cfg.Steady, "steady", 3*time.Second, "claim time before an expiry starts and after its window (the steady state)")
 	flag.Parse()
 	if err := run(cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "expirytable:", err)
