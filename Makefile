@@ -4,7 +4,7 @@ GO        ?= go
 STATICCHECK_VERSION ?= v0.8.2
 FAUXQS    := internal/fauxqs/node_modules/.package-lock.json
 
-.PHONY: test test-race test-short bench lint demo deps
+.PHONY: test test-race test-short bench bench-expiry lint demo deps
 
 ## test: the whole suite with the race detector (starts its own PostgreSQL, Kafka and SQS peers)
 test: test-race
@@ -25,6 +25,10 @@ $(FAUXQS): internal/fauxqs/package.json internal/fauxqs/package-lock.json
 ## bench: the engine side by side with a naive consumer and raw SQL (see BENCHMARKS.md)
 bench:
 	$(GO) run ./bench/cmd/benchtable
+
+## bench-expiry: bloom vs idset at 10,000,000 live markers (a few minutes, ~3 GB of temporary disk)
+bench-expiry:
+	$(GO) run ./bench/cmd/expirytable
 
 ## lint: go vet and staticcheck
 lint:
