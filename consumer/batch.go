@@ -291,6 +291,10 @@ func (c *Consumer) prepare(items []*item) ([]*item, map[senderRef]int64) {
 			}
 		}
 	}
+	// Sequence numbers of this batch that go to the claim ahead of a given
+	// message: one of them awaiting redelivery since an earlier batch does
+	// not hold the message back, since it is here and goes first.
+	ahead := map[senderRef]map[int64]bool{}
 	var todo []*item
 	for _, it := range items {
 		switch {
@@ -298,10 +302,17 @@ func (c *Consumer) prepare(items []*item) ([]*item, map[senderRef]int64) {
 			it.park(ReasonInvalidKey, it.keyErr, false)
 		case it.failed != nil && !it.failedPark:
 			it.retry(it.failed, c.retryDelay(it))
-		case c.sequenced && it.key.Sender != "" && c.mustWait(it, held):
+		case c.sequenced && it.key.Sender != "" && (mustWait(it, held) || c.waits.behind(it.key, ahead[senderRef{it.key.Scope, it.key.Sender}])):
 			c.wait(it, "an earlier message of its sender is waiting for a retry")
 		default:
 			todo = append(todo, it)
+			if c.sequenced && it.key.Sender != "" {
+				sr := senderRef{it.key.Scope, it.key.Sender}
+				if ahead[sr] == nil {
+					ahead[sr] = map[int64]bool{}
+				}
+				ahead[sr][it.key.Seq] = true
+			}
 		}
 	}
 	return todo, held
@@ -319,14 +330,12 @@ func hold(held map[senderRef]int64, it *item) {
 	}
 }
 
-// mustWait reports whether an earlier message of its sender awaits a
-// retry, in this batch or since an earlier one.
-func (c *Consumer) mustWait(it *item, held map[senderRef]int64) bool {
+// mustWait reports whether an earlier message of its sender in this batch
+// is to be retried. (Earlier batches' messages awaiting redelivery were
+// checked by prepare; they cannot change while the batch runs.)
+func mustWait(it *item, held map[senderRef]int64) bool {
 	seq, ok := held[senderRef{it.key.Scope, it.key.Sender}]
-	if ok && it.key.Seq > seq {
-		return true
-	}
-	return c.waits.behind(it.key)
+	return ok && it.key.Seq > seq
 }
 
 // wait hands a message back to wait for an earlier one, or parks it with
@@ -342,7 +351,7 @@ func (c *Consumer) wait(it *item, why string) {
 
 // isolateOne claims and handles one message under a savepoint.
 func (c *Consumer) isolateOne(ctx context.Context, tx pgx.Tx, it *item, held map[senderRef]int64, st *BatchStats) error {
-	if c.sequenced && it.key.Sender != "" && c.mustWait(it, held) {
+	if c.sequenced && it.key.Sender != "" && mustWait(it, held) {
 		c.wait(it, "an earlier message of its sender is waiting for a retry")
 		return nil
 	}
@@ -412,7 +421,7 @@ func (c *Consumer) bisect(ctx context.Context, tx pgx.Tx, group []*item, held ma
 		// later ones back.
 		ready := group[:0:0]
 		for _, it := range group {
-			if it.key.Sender != "" && c.mustWait(it, held) {
+			if it.key.Sender != "" && mustWait(it, held) {
 				c.wait(it, "an earlier message of its sender is waiting for a retry")
 			} else {
 				ready = append(ready, it)

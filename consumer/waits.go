@@ -47,12 +47,12 @@ func (w *waits) failures(m *Message) int {
 }
 
 // behind reports whether an earlier sequence number of k's sender awaits
-// redelivery.
-func (w *waits) behind(k dedupe.Key) bool {
+// redelivery, other than those in here (delivered again, ahead of k).
+func (w *waits) behind(k dedupe.Key, here map[int64]bool) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for seq := range w.pending[senderRef{k.Scope, k.Sender}] {
-		if seq < k.Seq {
+		if seq < k.Seq && !here[seq] {
 			return true
 		}
 	}
