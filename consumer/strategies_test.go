@@ -1,6 +1,7 @@
 package consumer_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -54,6 +55,57 @@ func TestEveryStrategyThroughTheConsumer(t *testing.T) {
 			}
 			if st := e.hooks.Total(); st.Duplicate == 0 {
 				t.Error("no duplicates seen: the test did not test dedupe")
+			}
+		})
+	}
+}
+
+// A consumer using idset runs its retention sweeper, unless told not to.
+func TestConsumerSweepsExpiredIDSetMarkers(t *testing.T) {
+	t.Parallel()
+	for _, manual := range []bool{false, true} {
+		t.Run(fmt.Sprintf("manual=%v", manual), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, consumertest.Config{Lanes: 1})
+			s, err := idset.New(idset.Config{Retention: time.Hour, SweepInterval: 20 * time.Millisecond, ManualSweep: manual})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := e.consumer(consumer.Config{Strategy: s})
+			ctx := context.Background()
+			if _, err := e.pool.Exec(ctx, `INSERT INTO effectively.processed (scope, id, processed_at)
+				SELECT 'old', 'k' || g, now() - interval '2 hours' FROM generate_series(1, 50) g`); err != nil {
+				t.Fatal(err)
+			}
+			e.broker.Publish(0, msg("fresh", "fresh"))
+			runCtx, stop := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- c.Run(runCtx) }()
+			// Wait for the message, then give a running sweeper a few rounds.
+			var old int
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM effectively.processed WHERE scope = 'old'`).Scan(&old); err != nil {
+					t.Fatal(err)
+				}
+				idle := e.broker.Idle()
+				if idle && (old == 0 || (manual && time.Now().After(deadline.Add(-4*time.Second)))) || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			stop()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case !manual && old != 0:
+				t.Errorf("%d expired markers left: the consumer did not sweep", old)
+			case manual && old != 50:
+				t.Errorf("%d of 50 expired markers left with ManualSweep", old)
+			}
+			if !e.markerExists("test", "fresh") {
+				t.Error("the fresh marker was swept")
 			}
 		})
 	}

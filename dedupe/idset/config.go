@@ -47,6 +47,11 @@ type Config struct {
 	// SweepInterval is the pause between sweeps in RunSweeper.
 	// Defaults to 1 minute.
 	SweepInterval time.Duration
+	// ManualSweep stops consumers from running the sweeper: sweep with
+	// RunSweeper, Sweep or `effectively sweep` instead. Defaults to false: a
+	// consumer using this strategy runs RunSweeper in the background
+	// (several consumers sweeping at once skip each other's rows).
+	ManualSweep bool
 	// MaxIDLen is the longest Key.Scope and Key.ID, in bytes, that Claim
 	// accepts; at most MaxMaxIDLen. Defaults to dedupe.DefaultMaxIDLen.
 	MaxIDLen int

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/effectively-once/effectively/dedupe"
 )
 
 // Execer runs a statement in its own transaction: *pgxpool.Pool and
@@ -76,4 +78,18 @@ func (s *Strategy) RunSweeper(ctx context.Context, db Execer) error {
 		case <-ticker.C:
 		}
 	}
+}
+
+// Maintain does nothing: idset needs no upkeep before it claims. With
+// RunMaintenance it makes Strategy a dedupe.Maintainer, so that consumers
+// run the sweeper.
+func (s *Strategy) Maintain(context.Context, dedupe.DB) error { return nil }
+
+// RunMaintenance runs RunSweeper until ctx is done, unless
+// Config.ManualSweep is set (dedupe.Maintainer).
+func (s *Strategy) RunMaintenance(ctx context.Context, db dedupe.DB) error {
+	if s.cfg.ManualSweep {
+		return nil
+	}
+	return s.RunSweeper(ctx, db)
 }
