@@ -22,15 +22,19 @@ type senderRef struct{ scope, sender string }
 //   - for sequenced strategies, every sequence number of each sender that
 //     was handed back for a retry (failed or waiting) and has not settled
 //     since: a later sequence number of that sender must wait for all of
-//     them, or a monotonic mark would pass them by.
+//     them, or a monotonic mark would pass them by. Once a sequence number
+//     settled (applied, duplicate or parked), every copy of it and below is
+//     done: the highest settled one (done) makes older entries moot, so a
+//     copy handed back after another copy applied holds nothing back.
 type waits struct {
 	mu      sync.Mutex
 	waited  map[string]int                   // message → deliveries spent waiting
 	pending map[senderRef]map[int64]struct{} // sender → seqs awaiting redelivery
+	done    map[senderRef]int64              // sender → highest seq settled
 }
 
 func newWaits() *waits {
-	return &waits{waited: map[string]int{}, pending: map[senderRef]map[int64]struct{}{}}
+	return &waits{waited: map[string]int{}, pending: map[senderRef]map[int64]struct{}{}, done: map[senderRef]int64{}}
 }
 
 // msgRef identifies a stored message across redeliveries; its lane may
@@ -51,8 +55,10 @@ func (w *waits) failures(m *Message) int {
 func (w *waits) behind(k dedupe.Key, here map[int64]bool) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for seq := range w.pending[senderRef{k.Scope, k.Sender}] {
-		if seq < k.Seq && !here[seq] {
+	sr := senderRef{k.Scope, k.Sender}
+	done := w.done[sr]
+	for seq := range w.pending[sr] {
+		if seq > done && seq < k.Seq && !here[seq] {
 			return true
 		}
 	}
@@ -78,6 +84,9 @@ func (w *waits) settled(items []*item, sequenced bool) {
 		sr := senderRef{it.key.Scope, it.key.Sender}
 		seqs := w.pending[sr]
 		if it.outcome == OutcomeRetried {
+			if it.key.Seq <= w.done[sr] {
+				continue // another copy settled: this one will be a duplicate
+			}
 			if seqs == nil {
 				seqs = map[int64]struct{}{}
 				w.pending[sr] = seqs
@@ -85,7 +94,17 @@ func (w *waits) settled(items []*item, sequenced bool) {
 			seqs[it.key.Seq] = struct{}{}
 			continue
 		}
-		delete(seqs, it.key.Seq)
+		if it.key.Seq > w.done[sr] {
+			if len(w.done) > maxTracked {
+				w.done = map[senderRef]int64{}
+			}
+			w.done[sr] = it.key.Seq
+		}
+		for seq := range seqs {
+			if seq <= w.done[sr] {
+				delete(seqs, seq)
+			}
+		}
 		if len(seqs) == 0 {
 			delete(w.pending, sr)
 		}

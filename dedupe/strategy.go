@@ -68,11 +68,11 @@ type KeyChecker interface {
 	CheckKey(k Key) error
 }
 
-// Sequencer is implemented by strategies that apply each sender's messages
-// in sequence order (highwater). For them the consumer holds back a sender's
-// later messages while an earlier one waits for a retry, since applying a
-// later sequence number first would make the earlier one look like a
-// duplicate (monotonic mode) or a gap (strict mode).
+// Sequencer is implemented by strategies that judge each sender's messages
+// by sequence number in a way that a later sequence number applied first
+// would make an earlier one look like a duplicate (highwater's monotonic
+// mode). When Sequenced returns true, the consumer holds a sender's later
+// messages back while an earlier one awaits redelivery.
 type Sequencer interface {
 	Sequenced() bool
 }

@@ -84,6 +84,10 @@
 //
 // In monotonic mode a message handed back for a retry must not be
 // overtaken by a later seq of its sender, or it becomes a duplicate when it
-// comes again: a source that keeps offsets this way stops the lane (or
-// parks the message) rather than skipping ahead.
+// comes again. The consumer sees to it (Strategy.Sequenced reports true in
+// monotonic mode): it holds a sender's later messages back while an earlier
+// one awaits redelivery, as long as the process runs; delivery in order
+// within a sender (one lane per sender, like a Kafka partition) is assumed.
+// Strict mode needs no help: a later seq is a gap until the earlier one
+// applied.
 package highwater

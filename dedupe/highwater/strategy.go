@@ -69,9 +69,12 @@ WHERE m.scope = u.scope AND m.sender = u.sender AND m.seq = u.old AND u.seq > u.
 	return s, nil
 }
 
-// Sequenced reports true: the consumer must not apply a sender's later
-// sequence numbers while an earlier one waits for a retry (dedupe.Sequencer).
-func (s *Strategy) Sequenced() bool { return true }
+// Sequenced reports whether the consumer must hold a sender's later
+// messages back while an earlier one awaits redelivery (dedupe.Sequencer):
+// in monotonic mode it must, since a later seq moves the mark past the
+// earlier one, whose redelivery would then be a duplicate. Strict mode
+// keeps order itself: a later seq is a gap until the earlier one applied.
+func (s *Strategy) Sequenced() bool { return s.cfg.Mode == Monotonic }
 
 // Name returns "highwater".
 func (s *Strategy) Name() string { return "highwater" }
