@@ -270,6 +270,60 @@ func TestLag(t *testing.T) {
 	}
 }
 
+// ReportLag follows a lag function: values are updated, and the series of
+// a lane the function stops reporting (a partition read elsewhere) goes away.
+func TestReportLag(t *testing.T) {
+	t.Parallel()
+	m, err := prometheus.New(prometheus.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prom.NewPedanticRegistry()
+	reg.MustRegister(m)
+	var mu sync.Mutex
+	current := map[string]int64{"orders/0": 7, "orders/1": 2}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		m.ReportLag(ctx, "orders", 100*time.Millisecond, func() map[string]int64 {
+			mu.Lock()
+			defer mu.Unlock()
+			out := map[string]int64{}
+			for k, v := range current {
+				out[k] = v
+			}
+			return out
+		})
+	}()
+	waitUntil := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !ok(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	lag := func(lane string) float64 {
+		for _, mt := range gather(t, reg)["effectively_lag_messages"].GetMetric() {
+			for _, l := range mt.GetLabel() {
+				if l.GetName() == "lane" && l.GetValue() == lane {
+					return mt.GetGauge().GetValue()
+				}
+			}
+		}
+		return -1
+	}
+	waitUntil("the first values", func() bool { return lag("orders/0") == 7 && lag("orders/1") == 2 })
+	mu.Lock()
+	current = map[string]int64{"orders/0": 0}
+	mu.Unlock()
+	waitUntil("orders/1 removed and orders/0 caught up", func() bool { return lag("orders/0") == 0 && lag("orders/1") == -1 })
+	cancel()
+	<-done
+}
+
 func TestOptionsValidation(t *testing.T) {
 	t.Parallel()
 	for name, o := range map[string]prometheus.Options{

@@ -132,8 +132,9 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 		if k := kafkaStart[tp]; k >= 0 {
 			l.kafkaCommitted = k
 		}
-		g.lanes = append(g.lanes, l)
 		r := kafkago.NewReader(s.readerConfig(tp))
+		l.reader = r
+		g.lanes = append(g.lanes, l)
 		if err := r.SetOffset(start); err != nil {
 			s.log.Error("kafka: seek", "lane", l.name, "offset", start, "err", err)
 		}

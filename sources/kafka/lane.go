@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	kafkago "github.com/segmentio/kafka-go"
 )
 
 type laneState uint8
@@ -27,6 +28,7 @@ type lane struct {
 	topic     string
 	partition int
 	gen       *generation
+	reader    *kafkago.Reader // set before the lane is published; for Lag
 
 	state    laneState
 	fenced   bool            // Postgres said a newer generation owns it

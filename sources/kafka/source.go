@@ -113,6 +113,36 @@ func (s *Source) Assignment() []string {
 	return out
 }
 
+// Lag returns, for each partition this source reads ("topic/partition"),
+// how many records lie between its commit point (the next offset whose
+// outcome is not yet committed) and the end of the partition's log, as of
+// the partition reader's last fetch. Partitions whose position is not yet
+// known are left out. Feed it to a metrics gauge (see
+// metrics/prometheus's ReportLag).
+func (s *Source) Lag() map[string]int64 {
+	s.mu.Lock()
+	type pos struct {
+		r         *kafkago.Reader
+		committed int64
+	}
+	lanes := map[string]pos{}
+	for _, l := range s.lanes {
+		if l.state == laneActive && !l.fenced && l.reader != nil && l.committed >= 0 {
+			lanes[l.name] = pos{l.reader, l.committed}
+		}
+	}
+	s.mu.Unlock()
+	out := make(map[string]int64, len(lanes))
+	for name, p := range lanes {
+		st := p.r.Stats()
+		if st.Offset < 0 {
+			continue
+		}
+		out[name] = max(st.Offset+st.Lag-p.committed, 0)
+	}
+	return out
+}
+
 // Fetch blocks until one assigned partition that has no batch in flight has
 // messages (fresh ones, or handed-back ones whose delay is over), and
 // returns up to max of them in offset order.

@@ -322,3 +322,47 @@ func TestOneBatchPerLane(t *testing.T) {
 		t.Errorf("stored next offset %d, want %d", next, last+1)
 	}
 }
+
+// TestLag: Lag counts the records between each partition's commit point
+// and the end of its log, and reaches zero once everything committed.
+func TestLag(t *testing.T) {
+	const n = 600
+	e := newEnv(t, 2)
+	e.produce(0, n)
+	s := e.source()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := s.Fetch(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A partition's position is unknown until its first batch settles (this
+	// group is new and starts at the log's start).
+	if _, ok := s.Lag()[b.Lane]; ok {
+		t.Fatalf("lag reported before the position is known: %v", s.Lag())
+	}
+	// Settled without a transaction, which is enough to move the commit
+	// point: the partition then lags by the records after the batch.
+	if err := s.Settle(ctx, b, b.Messages, nil); err != nil {
+		t.Fatal(err)
+	}
+	want := int64(n/2 - len(b.Messages))
+	waitFor(t, 10*time.Second, "lag of the settled partition", func() bool {
+		return s.Lag()[b.Lane] == want
+	})
+	w := startWorkers(ctx, s, e.pool, 2, 100, nil)
+	e.waitEffects(n-len(b.Messages), 30*time.Second) // the first batch was acked without effects
+	waitFor(t, 10*time.Second, "no lag", func() bool {
+		lag := s.Lag()
+		return len(lag) == 2 && lag[b.Lane] == 0 && sum(lag) == 0
+	})
+	cancel()
+	w.wait(t)
+}
+
+func sum(m map[string]int64) (total int64) {
+	for _, v := range m {
+		total += v
+	}
+	return total
+}
