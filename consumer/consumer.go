@@ -29,7 +29,8 @@ type Consumer struct {
 	committer    dedupe.Committer
 	checker      dedupe.KeyChecker
 	sequenced    bool
-	keepRetrying bool // the source's broker takes exhausted messages
+	keepRetrying bool      // the source's broker takes exhausted messages
+	upkeepDB     dedupe.DB // for the strategy's maintenance and warm-up
 	waits        *waits
 	parkedTable  string
 
@@ -60,6 +61,14 @@ func New(db DB, src Source, cfg Config) (*Consumer, error) {
 		parkedTable: pgx.Identifier{cfg.Schema, cfg.ParkedTable}.Sanitize(),
 	}
 	c.txsrc, _ = src.(TxSource)
+	_, maintains := cfg.Strategy.(dedupe.Maintainer)
+	_, warms := cfg.Strategy.(dedupe.Warmer)
+	if maintains || warms {
+		var ok bool
+		if c.upkeepDB, ok = db.(dedupe.DB); !ok {
+			return nil, &ConfigError{Field: "db", Reason: fmt.Sprintf("strategy %s runs maintenance, which needs Exec as well as Begin (*pgxpool.Pool has both)", cfg.Strategy.Name())}
+		}
+	}
 	c.committer, _ = cfg.Strategy.(dedupe.Committer)
 	c.checker, _ = cfg.Strategy.(dedupe.KeyChecker)
 	if sq, ok := cfg.Strategy.(dedupe.Sequencer); ok {
@@ -166,11 +175,7 @@ func (c *Consumer) preflight(ctx context.Context) error {
 		return fmt.Errorf("consumer: table %s does not exist: call Migrate first", c.parkedTable)
 	}
 	if m, ok := c.cfg.Strategy.(dedupe.Maintainer); ok {
-		db, ok := c.db.(dedupe.DB)
-		if !ok {
-			return fmt.Errorf("consumer: strategy %s needs maintenance, which needs a database with Exec (such as *pgxpool.Pool)", c.cfg.Strategy.Name())
-		}
-		if err := m.Maintain(ctx, db); err != nil {
+		if err := m.Maintain(ctx, c.upkeepDB); err != nil {
 			return fmt.Errorf("consumer: %s maintenance: %w", c.cfg.Strategy.Name(), err)
 		}
 	}
@@ -186,10 +191,7 @@ func (c *Consumer) preflight(ctx context.Context) error {
 // startBackground runs the strategy's maintenance and warm-up, if it has
 // any, until ctx is done.
 func (c *Consumer) startBackground(ctx context.Context, wg *sync.WaitGroup) {
-	db, ok := c.db.(dedupe.DB)
-	if !ok {
-		return
-	}
+	db := c.upkeepDB
 	if m, ok := c.cfg.Strategy.(dedupe.Maintainer); ok {
 		wg.Add(1)
 		go func() {
@@ -239,8 +241,7 @@ func (c *Consumer) worker(ctx, work context.Context) {
 
 // errorBackoff is the pause after consecutive infrastructure failures.
 func (c *Consumer) errorBackoff(failures int) time.Duration {
-	d := backoff(c.cfg.RetryBackoff/4, 30*time.Second, failures)
-	return d
+	return backoff(c.cfg.RetryBackoff/4, 30*time.Second, failures)
 }
 
 func sleep(ctx context.Context, d time.Duration) {

@@ -155,6 +155,9 @@ func TestWaitingDoesNotCountAsFailing(t *testing.T) {
 	if got := e.effectCounts(); got["a-1"] != 1 || got["a-2"] != 1 {
 		t.Fatalf("effects %v, parked %+v", got, e.parked())
 	}
+	if failures != 1 {
+		t.Fatalf("a-2 failed %d times, want once: the test did not exercise a failure after waiting", failures)
+	}
 }
 
 // Monotonic marks over ordered lanes, with everything going wrong at once:

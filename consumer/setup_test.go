@@ -8,7 +8,6 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/internal/pgtest"
 	"github.com/jackc/pgx/v5"
@@ -129,5 +128,3 @@ func ids(prefix string, n int) []string {
 	}
 	return out
 }
-
-var _ dedupe.Strategy = (*idset.Strategy)(nil)
