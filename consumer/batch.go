@@ -304,6 +304,11 @@ func (c *Consumer) prepare(items []*item) ([]*item, map[senderRef]int64) {
 			it.retry(it.failed, c.retryDelay(it))
 		case c.sequenced && it.key.Sender != "" && (mustWait(it, held) || c.waits.behind(it.key, ahead[senderRef{it.key.Scope, it.key.Sender}])):
 			c.wait(it, "an earlier message of its sender is waiting for a retry")
+			if it.outcome == OutcomeRetried {
+				// Waiting, it holds its sender's later messages of this
+				// batch back too, even behind a copy of the one it waits for.
+				hold(held, it)
+			}
 		default:
 			todo = append(todo, it)
 			if c.sequenced && it.key.Sender != "" {

@@ -32,7 +32,7 @@ func (e *permanentError) Is(target error) bool { return target == ErrPermanent }
 
 // IsPermanent reports whether err should park its message without retries.
 // Errors made with Permanent are permanent, and so are payloads that cannot
-// be decoded (*DecodeError) and *PanicError is not: a panic is retried, since
+// be decoded (*DecodeError). A *PanicError is not: a panic is retried, since
 // the fix may be deployed before the attempts run out.
 func IsPermanent(err error) bool {
 	var de *DecodeError

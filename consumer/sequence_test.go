@@ -240,3 +240,97 @@ func TestMonotonicUnderRedelivery(t *testing.T) {
 		next[sender] = seq
 	}
 }
+
+// A producer copy lets a sender's later message through only when nothing
+// between them waits. Seq 1 fails and waits for its retry; then one batch
+// brings seq 2 (which must wait behind seq 1), a producer copy of seq 1 (a
+// new stored message with the same sender and seq) and seq 3. The copy goes
+// first and settles seq 1, but seq 3 must still wait for seq 2, which was put
+// on wait in this very batch: with a monotonic mark, applying seq 3 first
+// would turn seq 2's redelivery into a duplicate and lose it.
+func TestProducerCopyDoesNotLetLaterSeqOvertakeAWaitingOne(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []highwater.Mode{highwater.Monotonic, highwater.Strict} {
+		for _, batchHandler := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/batchHandler=%v", mode, batchHandler), func(t *testing.T) {
+				t.Parallel()
+				e := newEnv(t, consumertest.Config{Lanes: 2})
+				e.broker.Publish(0, seqMsg("s", 1))
+				e.broker.Publish(1, msg("x", "x")) // keeps the one worker busy while the batch is published
+				s, err := highwater.New(highwater.Config{Mode: mode})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var firstRef string
+				var refMu sync.Mutex
+				blocking, release := make(chan struct{}), make(chan struct{})
+				var blockOnce sync.Once
+				fail := func(m *consumer.Message) error {
+					switch m.ID {
+					case "s-1":
+						refMu.Lock()
+						defer refMu.Unlock()
+						if firstRef == "" {
+							firstRef = m.Ref
+						}
+						if m.Ref == firstRef && m.Attempt == 1 {
+							return errors.New("transient failure of the first copy of s-1")
+						}
+					case "x":
+						blockOnce.Do(func() {
+							close(blocking)
+							<-release
+						})
+					}
+					return nil
+				}
+				cfg := consumer.Config{Strategy: s, KeyFunc: highwaterKeyWithSeqIDs, Concurrency: 1, BatchSize: 10, MaxAttempts: 5,
+					RetryBackoff: 50 * time.Millisecond, MaxRetryBackoff: 50 * time.Millisecond}
+				if batchHandler {
+					cfg.BatchHandler = func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+						for _, m := range msgs {
+							if err := fail(m); err != nil {
+								return err
+							}
+						}
+						return insertEffects(ctx, tx, msgs)
+					}
+				} else {
+					cfg.Handler = func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+						if err := fail(m); err != nil {
+							return err
+						}
+						return insertEffect(ctx, tx, m)
+					}
+				}
+				r := consumertest.Start(e.consumer(cfg))
+				<-blocking
+				e.broker.Publish(0, seqMsg("s", 2))
+				e.broker.Publish(0, seqMsg("s", 1)) // the producer copy
+				e.broker.Publish(0, seqMsg("s", 3))
+				close(release)
+				wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer wcancel()
+				if err := e.broker.WaitIdle(wctx); err != nil {
+					t.Fatal(err)
+				}
+				r.Stop(t)
+				counts := e.effectCounts()
+				for _, id := range []string{"s-1", "s-2", "s-3", "x"} {
+					if counts[id] != 1 {
+						t.Errorf("%s applied %d times, want 1 (effects %v, parked %+v)", id, counts[id], counts, e.parked())
+					}
+				}
+			})
+		}
+	}
+}
+
+// highwaterKeyWithSeqIDs is seqKey for messages that also carry a plain ID
+// ("x"): those get a sender of their own.
+func highwaterKeyWithSeqIDs(m *consumer.Message) (dedupe.Key, error) {
+	if _, ok := m.Header("sender"); !ok {
+		return dedupe.Key{ID: m.ID, Sender: m.ID, Seq: 1}, nil
+	}
+	return seqKey(m)
+}
