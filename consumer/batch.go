@@ -67,12 +67,21 @@ func (c *Consumer) process(ctx context.Context, b *Batch) error {
 	if err != nil {
 		st.Err = err
 		st.Fenced = errors.Is(err, ErrFenced)
+		var ce *commitError
+		unknown := errors.As(err, &ce) && ce.kind == commitUnknown
 		for _, it := range items {
 			it.reset()
+			if unknown {
+				it.outcome, it.err = OutcomeUnknown, err
+			}
 		}
-		if st.Fenced {
+		switch {
+		case st.Fenced:
 			c.log.Info("batch dropped: lane fenced by a newer owner", "lane", b.Lane, "err", err)
-		} else {
+		case unknown:
+			c.log.Warn("connection lost during commit: the batch may or may not have committed; its messages will be delivered again and recognised as duplicates if it did",
+				"lane", b.Lane, "size", len(items), "err", err)
+		default:
 			c.log.Error("batch rolled back; its messages will be delivered again", "lane", b.Lane, "size", len(items), "err", err)
 		}
 		if !st.Fenced {
@@ -154,19 +163,30 @@ func (c *Consumer) keyOf(m *Message) (k dedupe.Key, err error) {
 // the whole batch in one transaction without savepoints; when a handler
 // fails it rolls back and runs the batch again without the failed message,
 // and when failures keep coming it isolates them under savepoints.
+//
+// When the COMMIT itself is refused because of what the batch wrote (a
+// deferred constraint or constraint trigger), the batch is isolated with
+// the deferred checks run after each message (or group, for a
+// BatchHandler), so the message that makes the commit fail is retried or
+// parked like a failing handler and the rest commits. Should the commit
+// still be refused with no message to blame, every message that ran counts
+// the refusal as a failed attempt, so the batch ends parked rather than
+// looping.
 func (c *Consumer) settleInTx(ctx context.Context, b *Batch, items []*item, st *BatchStats) error {
+	check := false
 	for attempt := 1; ; attempt++ {
 		for _, it := range items {
 			it.reset()
 		}
 		var err error
-		if attempt <= maxFastAttempts && (c.cfg.Handler != nil || attempt == 1) {
+		if !check && attempt <= maxFastAttempts && (c.cfg.Handler != nil || attempt == 1) {
 			err = c.runFast(ctx, b, items, st)
 		} else {
 			st.Isolated = true
-			err = c.runIsolated(ctx, b, items, st)
+			err = c.runIsolated(ctx, b, items, st, check)
 		}
 		var ke *dedupe.KeyError
+		var ce *commitError
 		switch {
 		case err == nil:
 			return nil
@@ -177,10 +197,33 @@ func (c *Consumer) settleInTx(ctx context.Context, b *Batch, items []*item, st *
 			// needs (a sequence strategy given a key without a sender, say):
 			// park that message and run the batch again.
 			continue
+		case errors.As(err, &ce) && ce.kind == commitRefused:
+			c.log.Warn("commit refused; isolating the message that makes it fail", "lane", b.Lane, "err", err)
+			if !check {
+				check = true
+				continue
+			}
+			if c.blameApplied(items, ce) {
+				continue
+			}
+			return err
 		default:
 			return err
 		}
 	}
+}
+
+// blameApplied records a refused commit as a failure of every message that
+// ran its handler in the refused pass. It reports false when there was none.
+func (c *Consumer) blameApplied(items []*item, ce *commitError) bool {
+	blamed := false
+	for _, it := range items {
+		if it.outcome == OutcomeApplied && it.failed == nil {
+			c.recordFailure(it, ce)
+			blamed = true
+		}
+	}
+	return blamed
 }
 
 // markInvalid parks the messages whose key a strategy refused. It reports
@@ -221,6 +264,9 @@ func (c *Consumer) runFast(ctx context.Context, b *Batch, items []*item, st *Bat
 		if len(news) > 0 {
 			if err := c.callBatch(ctx, tx, news); err != nil {
 				st.Handle += time.Since(t)
+				if lost := connLost(tx, err); lost != nil {
+					return lost
+				}
 				if len(news) == 1 {
 					c.recordFailure(news[0], err)
 				}
@@ -240,6 +286,9 @@ func (c *Consumer) runFast(ctx context.Context, b *Batch, items []*item, st *Bat
 			}
 			if err := c.call(ctx, tx, it.m); err != nil {
 				st.Handle += time.Since(t)
+				if lost := connLost(tx, err); lost != nil {
+					return lost
+				}
 				c.recordFailure(it, err)
 				return errHandlerFailed
 			}
@@ -250,10 +299,23 @@ func (c *Consumer) runFast(ctx context.Context, b *Batch, items []*item, st *Bat
 	return c.commit(ctx, tx, b, items, st)
 }
 
+// isolation is the state of one isolating pass over a batch.
+type isolation struct {
+	tx pgx.Tx
+	st *BatchStats
+	// held is, per sender, the lowest sequence number of the batch to be
+	// retried: the sender's later messages wait for it.
+	held map[senderRef]int64
+	// check runs the deferred constraints after each message (or group),
+	// to find the one that makes the COMMIT fail.
+	check bool
+}
+
 // runIsolated settles the batch under savepoints so that each failing
 // message is found and rolled back alone: message by message for a
-// Handler, by bisection for a BatchHandler.
-func (c *Consumer) runIsolated(ctx context.Context, b *Batch, items []*item, st *BatchStats) error {
+// Handler, by bisection for a BatchHandler. With check, the deferred
+// constraints are checked after each handler call too.
+func (c *Consumer) runIsolated(ctx context.Context, b *Batch, items []*item, st *BatchStats, check bool) error {
 	tx, err := c.db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
@@ -261,18 +323,39 @@ func (c *Consumer) runIsolated(ctx context.Context, b *Batch, items []*item, st 
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
 	todo, held := c.prepare(items)
+	p := &isolation{tx: tx, st: st, held: held, check: check}
 	if c.cfg.BatchHandler != nil {
-		if err := c.bisect(ctx, tx, todo, held, st); err != nil {
+		if err := c.bisect(ctx, p, todo); err != nil {
 			return err
 		}
 	} else {
 		for _, it := range todo {
-			if err := c.isolateOne(ctx, tx, it, held, st); err != nil {
+			if err := c.isolateOne(ctx, p, it); err != nil {
 				return err
 			}
 		}
 	}
 	return c.commit(ctx, tx, b, items, st)
+}
+
+// handle runs the handler for news under the isolation's savepoint and,
+// with p.check, the deferred constraints after it. A lost connection is
+// returned as lost; any other failure as herr.
+func (c *Consumer) handle(ctx context.Context, p *isolation, news []*item) (herr, lost error) {
+	t := time.Now()
+	if c.cfg.BatchHandler != nil {
+		herr = c.callBatch(ctx, p.tx, news)
+	} else {
+		herr = c.call(ctx, p.tx, news[0].m)
+	}
+	if herr == nil && p.check {
+		herr = checkDeferred(ctx, p.tx)
+	}
+	p.st.Handle += time.Since(t)
+	if herr != nil {
+		lost = connLost(p.tx, herr)
+	}
+	return herr, lost
 }
 
 // prepare settles the messages that need no claim (unusable keys, failures
@@ -355,7 +438,8 @@ func (c *Consumer) wait(it *item, why string) {
 }
 
 // isolateOne claims and handles one message under a savepoint.
-func (c *Consumer) isolateOne(ctx context.Context, tx pgx.Tx, it *item, held map[senderRef]int64, st *BatchStats) error {
+func (c *Consumer) isolateOne(ctx context.Context, p *isolation, it *item) error {
+	tx, st, held := p.tx, p.st, p.held
 	if c.sequenced && it.key.Sender != "" && mustWait(it, held) {
 		c.wait(it, "an earlier message of its sender is waiting for a retry")
 		return nil
@@ -379,14 +463,10 @@ func (c *Consumer) isolateOne(ctx context.Context, tx pgx.Tx, it *item, held map
 		if it.failed != nil {
 			c.parkFailed(it)
 		} else {
-			t := time.Now()
-			var herr error
-			if c.cfg.BatchHandler != nil {
-				herr = c.callBatch(ctx, tx, []*item{it})
-			} else {
-				herr = c.call(ctx, tx, it.m)
+			herr, lost := c.handle(ctx, p, news)
+			if lost != nil {
+				return lost
 			}
-			st.Handle += time.Since(t)
 			if herr == nil {
 				it.outcome = OutcomeApplied
 			} else {
@@ -420,7 +500,8 @@ func (c *Consumer) isolateOne(ctx context.Context, tx pgx.Tx, it *item, held map
 // bisect claims and handles group under a savepoint; when the batch handler
 // fails it rolls the group back and tries each half, down to single
 // messages, which are then retried or parked.
-func (c *Consumer) bisect(ctx context.Context, tx pgx.Tx, group []*item, held map[senderRef]int64, st *BatchStats) error {
+func (c *Consumer) bisect(ctx context.Context, p *isolation, group []*item) error {
+	tx, st, held := p.tx, p.st, p.held
 	if c.sequenced {
 		// A message that failed earlier in this pass holds its sender's
 		// later ones back.
@@ -438,7 +519,7 @@ func (c *Consumer) bisect(ctx context.Context, tx pgx.Tx, group []*item, held ma
 		return nil
 	}
 	if len(group) == 1 {
-		return c.isolateOne(ctx, tx, group[0], held, st)
+		return c.isolateOne(ctx, p, group[0])
 	}
 	if _, err := tx.Exec(ctx, "SAVEPOINT effectively_group"); err != nil {
 		return fmt.Errorf("savepoint: %w", err)
@@ -462,9 +543,10 @@ func (c *Consumer) bisect(ctx context.Context, tx pgx.Tx, group []*item, held ma
 		}
 		news = run
 		if len(run) > 0 {
-			t := time.Now()
-			herr = c.callBatch(ctx, tx, run)
-			st.Handle += time.Since(t)
+			var lost error
+			if herr, lost = c.handle(ctx, p, run); lost != nil {
+				return lost
+			}
 		}
 	}
 	if herr == nil {
@@ -483,10 +565,10 @@ func (c *Consumer) bisect(ctx context.Context, tx pgx.Tx, group []*item, held ma
 		it.reset()
 	}
 	mid := len(group) / 2
-	if err := c.bisect(ctx, tx, group[:mid], held, st); err != nil {
+	if err := c.bisect(ctx, p, group[:mid]); err != nil {
 		return err
 	}
-	return c.bisect(ctx, tx, group[mid:], held, st)
+	return c.bisect(ctx, p, group[mid:])
 }
 
 // claim asks the strategy for the verdicts of items, settles every item
@@ -556,8 +638,8 @@ func (c *Consumer) commit(ctx context.Context, tx pgx.Tx, b *Batch, items []*ite
 			return fmt.Errorf("source: %w", err)
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit: %w", err)
+	if err := commitTx(ctx, tx); err != nil {
+		return err
 	}
 	st.Commit += time.Since(t)
 	if c.committer != nil {

@@ -21,6 +21,11 @@ const (
 	// OutcomeRetried: the handler failed (or the sequence had a gap) and the
 	// message was handed back for redelivery.
 	OutcomeRetried
+	// OutcomeUnknown: the connection was lost during the batch's COMMIT, so
+	// whether its outcome committed is not known. The message is not
+	// acknowledged; its redelivery settles it (a duplicate if the commit
+	// went through).
+	OutcomeUnknown
 )
 
 // String returns the outcome's lower-case name.
@@ -36,8 +41,10 @@ func (o Outcome) String() string {
 		return "parked"
 	case OutcomeRetried:
 		return "retried"
+	case OutcomeUnknown:
+		return "unknown"
 	}
-	return "unknown"
+	return "invalid"
 }
 
 // BatchStats describes one finished batch.
@@ -52,6 +59,10 @@ type BatchStats struct {
 	// mark, or an earlier message of their sender awaits a retry. They are
 	// also in Retried.
 	Applied, Duplicate, Mismatch, Parked, Retried, Gap int
+	// Unknown counts the messages of a batch whose COMMIT lost its
+	// connection: they may or may not have committed, and are delivered
+	// again (see OutcomeUnknown). Err is then set too.
+	Unknown int
 	// Isolated is true when a handler failed and the batch was re-run under
 	// savepoints to isolate the failing messages.
 	Isolated bool

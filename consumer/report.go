@@ -21,6 +21,8 @@ func (c *Consumer) report(ctx context.Context, st *BatchStats, items []*item) {
 			st.Parked++
 			c.log.Warn("message parked", "reason", it.reason, "ref", it.m.Ref, "lane", it.m.Lane,
 				"attempt", it.attempt(), "err", errString(it.err))
+		case OutcomeUnknown:
+			st.Unknown++
 		case OutcomeRetried:
 			st.Retried++
 			if it.waiting {

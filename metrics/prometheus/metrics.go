@@ -20,7 +20,7 @@ const (
 )
 
 // Values of the outcome label of messages_total.
-var outcomes = []string{"applied", "duplicate", "mismatch", "parked", "retried", "gap"}
+var outcomes = []string{"applied", "duplicate", "mismatch", "parked", "retried", "gap", "unknown"}
 
 // Values of the result label of batches_total.
 const (
@@ -28,9 +28,12 @@ const (
 	resultIsolated = "isolated"
 	resultFenced   = "fenced"
 	resultError    = "error"
+	// resultUnknown: the connection was lost during COMMIT; redelivery
+	// settles the batch's messages.
+	resultUnknown = "unknown"
 )
 
-var results = []string{resultOK, resultIsolated, resultFenced, resultError}
+var results = []string{resultOK, resultIsolated, resultFenced, resultError, resultUnknown}
 
 // Metrics turns consumer hook calls into Prometheus metrics. It implements
 // consumer.Hook, consumer.BatchStartHook and consumer.MessageHook, to pass
@@ -168,11 +171,14 @@ func (m *Metrics) BatchDone(_ context.Context, st *consumer.BatchStats) {
 	add("parked", st.Parked)
 	add("retried", st.Retried)
 	add("gap", st.Gap)
+	add("unknown", st.Unknown)
 
 	result := resultOK
 	switch {
 	case st.Fenced:
 		result = resultFenced
+	case st.Unknown > 0:
+		result = resultUnknown
 	case st.Err != nil:
 		result = resultError
 	case st.Isolated:

@@ -28,6 +28,7 @@ const (
 	AttrParked        = attribute.Key("effectively.parked")
 	AttrRetried       = attribute.Key("effectively.retried")
 	AttrGap           = attribute.Key("effectively.gap")
+	AttrUnknown       = attribute.Key("effectively.unknown")
 	AttrFenced        = attribute.Key("effectively.fenced")
 	AttrIsolated      = attribute.Key("effectively.isolated")
 	AttrClaimSeconds  = attribute.Key("effectively.claim_seconds")
@@ -108,6 +109,7 @@ func (h *Hook) BatchDone(ctx context.Context, s *consumer.BatchStats) {
 		AttrParked.Int(s.Parked),
 		AttrRetried.Int(s.Retried),
 		AttrGap.Int(s.Gap),
+		AttrUnknown.Int(s.Unknown),
 		AttrFenced.Bool(s.Fenced),
 		AttrIsolated.Bool(s.Isolated),
 		AttrClaimSeconds.Float64(s.Claim.Seconds()),

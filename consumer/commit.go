@@ -1,0 +1,148 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// commitKind says what a failed COMMIT means for the batch.
+type commitKind uint8
+
+const (
+	// commitTransient: the server refused the commit for a reason that
+	// passes (a serialization failure, a deadlock, a timeout, a shortage of
+	// resources): nothing committed, and the batch is delivered again after
+	// a backoff, as after any infrastructure failure.
+	commitTransient commitKind = iota + 1
+	// commitRefused: the server refused the commit because of what the
+	// batch wrote (a deferred constraint or constraint trigger): nothing
+	// committed, and the message that makes it fail is found and retried
+	// or parked like a failing handler, so the rest of the batch commits.
+	commitRefused
+	// commitUnknown: the connection was lost while the COMMIT was on its
+	// way or its answer was: the batch may or may not have committed.
+	// Redelivery settles it (a duplicate if it committed).
+	commitUnknown
+)
+
+// commitError is a failed COMMIT, classified.
+type commitError struct {
+	kind commitKind
+	err  error
+}
+
+func (e *commitError) Error() string {
+	if e.kind == commitUnknown {
+		return "commit outcome unknown: " + e.err.Error()
+	}
+	return "commit: " + e.err.Error()
+}
+
+func (e *commitError) Unwrap() error { return e.err }
+
+// classifyCommit is the one place that decides what a COMMIT's error means.
+// An error reply to COMMIT means the transaction rolled back; only a lost
+// connection (no reply, or a FATAL one) leaves the outcome open.
+func classifyCommit(err error) *commitError {
+	var pe *pgconn.PgError
+	switch {
+	case errors.As(err, &pe):
+		switch {
+		case pe.Severity == "FATAL" || pe.Severity == "PANIC" ||
+			strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57P"):
+			// The server ended the session (terminated, shutting down,
+			// crashed): the COMMIT may have been applied before it did.
+			return &commitError{kind: commitUnknown, err: err}
+		case transientCode(pe.Code):
+			return &commitError{kind: commitTransient, err: err}
+		default:
+			return &commitError{kind: commitRefused, err: err}
+		}
+	default:
+		// Whatever else went wrong, the COMMIT may have reached the server.
+		// (pgconn.SafeToRetry is no proof that it did not: a reply lost
+		// after the server committed surfaces as "conn closed", which
+		// claims to be safe to retry.)
+		return &commitError{kind: commitUnknown, err: err}
+	}
+}
+
+// commitTx commits tx and classifies a failure. A transaction whose
+// connection was gone, or whose context was done, before COMMIT was sent
+// certainly rolled back.
+func commitTx(ctx context.Context, tx pgx.Tx) error {
+	if conn := tx.Conn(); conn != nil && conn.IsClosed() {
+		return &commitError{kind: commitTransient, err: errors.New("connection lost before COMMIT")}
+	}
+	if err := ctx.Err(); err != nil {
+		return &commitError{kind: commitTransient, err: fmt.Errorf("before COMMIT: %w", err)}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return classifyCommit(err)
+	}
+	return nil
+}
+
+// transientCode reports SQLSTATEs that fail a transaction through no fault of
+// its content.
+func transientCode(code string) bool {
+	switch code {
+	case "40001", // serialization_failure
+		"40P01", // deadlock_detected
+		"55P03", // lock_not_available
+		"57014": // query_canceled (statement_timeout)
+		return true
+	}
+	switch code[:min(2, len(code))] {
+	case "53", // insufficient resources
+		"58", // system error (I/O)
+		"XX": // internal error
+		return true
+	}
+	return false
+}
+
+// checkDeferred runs the deferred constraints and constraint triggers on
+// what the transaction has written so far, the checks COMMIT would run, and
+// returns their error. It leaves the constraints' mode as it was and their
+// checks still due at COMMIT: SET CONSTRAINTS runs under a savepoint that is
+// rolled back, which restores the mode and marks the checks pending again.
+// It is called only while isolating a batch whose COMMIT was refused.
+func checkDeferred(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, "SAVEPOINT effectively_check; SET CONSTRAINTS ALL IMMEDIATE; ROLLBACK TO SAVEPOINT effectively_check; RELEASE SAVEPOINT effectively_check")
+	if err != nil {
+		return &CommitCheckError{Err: err}
+	}
+	return nil
+}
+
+// CommitCheckError is the error a message gets when the COMMIT of its batch
+// was refused and the check of deferred constraints (SET CONSTRAINTS ALL
+// IMMEDIATE) after its handler failed: its writes violate a deferred
+// constraint or constraint trigger. It is retried like a handler error, and
+// parked when its attempts are used up.
+type CommitCheckError struct {
+	Err error
+}
+
+func (e *CommitCheckError) Error() string {
+	return fmt.Sprintf("deferred constraint check failed: %v", e.Err)
+}
+
+func (e *CommitCheckError) Unwrap() error { return e.Err }
+
+// connLost returns an infrastructure error when err came with the loss of
+// tx's connection (the server terminated the session, the network broke):
+// that is no fault of the message whose handler saw it, so the batch is
+// abandoned and delivered again without counting an attempt.
+func connLost(tx pgx.Tx, err error) error {
+	if conn := tx.Conn(); conn != nil && conn.IsClosed() {
+		return fmt.Errorf("connection lost: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,273 @@
+package consumer_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// A message whose writes violate a deferred constraint makes the COMMIT
+// itself fail. That message alone is retried and then parked; the rest of
+// its batch commits, and the lane moves on.
+func TestCommitRefusedByDeferredConstraint(t *testing.T) {
+	t.Parallel()
+	for _, batchHandler := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batchHandler=%v", batchHandler), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, consumertest.Config{Lanes: 2})
+			ctx := context.Background()
+			if _, err := e.pool.Exec(ctx, `
+CREATE TABLE accounts (id text PRIMARY KEY);
+INSERT INTO accounts VALUES ('good');
+CREATE TABLE ledger (
+	msg_id  text NOT NULL,
+	account text NOT NULL REFERENCES accounts (id) DEFERRABLE INITIALLY DEFERRED
+)`); err != nil {
+				t.Fatal(err)
+			}
+			const n = 40
+			poison := map[string]bool{"m-7": true, "m-8": true, "m-25": true}
+			for i := range n {
+				id := fmt.Sprintf("m-%d", i)
+				account := "good"
+				if poison[id] {
+					account = "missing"
+				}
+				e.broker.Publish(i%2, consumer.Message{ID: id, Value: []byte(account)})
+			}
+			write := func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+				ids, accounts := make([]string, len(msgs)), make([]string, len(msgs))
+				for i, m := range msgs {
+					ids[i], accounts[i] = m.ID, string(m.Value)
+				}
+				if _, err := tx.Exec(ctx, `INSERT INTO ledger SELECT * FROM unnest($1::text[], $2::text[])`, ids, accounts); err != nil {
+					return err
+				}
+				return insertEffects(ctx, tx, msgs)
+			}
+			cfg := consumer.Config{BatchSize: 10, MaxAttempts: 3}
+			if batchHandler {
+				cfg.BatchHandler = write
+			} else {
+				cfg.Handler = func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+					return write(ctx, tx, []*consumer.Message{m})
+				}
+			}
+			e.runUntilIdle(e.consumer(cfg), time.Minute)
+
+			counts := e.effectCounts()
+			for i := range n {
+				id := fmt.Sprintf("m-%d", i)
+				want := 1
+				if poison[id] {
+					want = 0
+				}
+				if counts[id] != want {
+					t.Errorf("%s has %d effects, want %d", id, counts[id], want)
+				}
+			}
+			parked := e.parked()
+			got := map[string]bool{}
+			for _, p := range parked {
+				got[*p.DedupeID] = true
+				if p.Reason != consumer.ReasonMaxAttempts {
+					t.Errorf("%s parked with reason %s, want %s", *p.DedupeID, p.Reason, consumer.ReasonMaxAttempts)
+				}
+				if p.Attempts != 3 {
+					t.Errorf("%s parked after %d attempts, want 3", *p.DedupeID, p.Attempts)
+				}
+			}
+			if len(parked) != len(poison) || !got["m-7"] || !got["m-8"] || !got["m-25"] {
+				t.Errorf("parked %v, want the poison messages %v", got, poison)
+			}
+		})
+	}
+}
+
+// armedDialer is a network between the consumer and PostgreSQL that can be
+// told to lose the reply to the next COMMIT: the server commits, the client
+// sees its connection break.
+type armedDialer struct {
+	armed   atomic.Bool
+	dropped atomic.Int32
+}
+
+func (d *armedDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &armedConn{Conn: c, d: d}, nil
+}
+
+type armedConn struct {
+	net.Conn
+	d         *armedDialer
+	mu        sync.Mutex
+	committed bool // a COMMIT went out while armed; its reply is to be lost
+}
+
+// commitQuery is the simple-protocol query pgx sends for Tx.Commit.
+var commitQuery = append([]byte("commit"), 0)
+
+func (c *armedConn) Write(p []byte) (int, error) {
+	if len(p) > 5 && p[0] == 'Q' && bytes.Equal(p[5:], commitQuery) && c.d.armed.CompareAndSwap(true, false) {
+		c.mu.Lock()
+		c.committed = true
+		c.mu.Unlock()
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *armedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.mu.Lock()
+	drop := c.committed && n > 0
+	c.mu.Unlock()
+	if drop {
+		// The server answered the COMMIT: it is durable. Lose the answer.
+		c.d.dropped.Add(1)
+		c.Conn.Close()
+		return 0, errors.New("connection reset (the test dropped the reply to COMMIT)")
+	}
+	return n, err
+}
+
+// When the connection breaks after the server committed but before the
+// client heard so, the outcome is unknown to the consumer: it reports the
+// batch as unknown, not as applied or failed, does not acknowledge it, and
+// the redelivery finds every message a duplicate.
+func TestCommitOutcomeUnknownAfterCommit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, consumertest.Config{Lanes: 1})
+	d := &armedDialer{}
+	pcfg, err := pgxpool.ParseConfig(e.pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.ConnConfig.DialFunc = d.dial
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	const n = 10
+	for i := range n {
+		e.broker.Publish(0, msg(fmt.Sprintf("m-%d", i), "x"))
+	}
+	var once sync.Once
+	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "m-3" {
+			once.Do(func() { d.armed.Store(true) })
+		}
+		return insertEffect(ctx, tx, m)
+	}
+	outcomes := &outcomeCounter{}
+	c := consumertest.NewConsumer(t, pool, e.broker, e.config(consumer.Config{Handler: h, BatchSize: n, Concurrency: 1, Hooks: []consumer.Hook{outcomes}}))
+	consumertest.RunUntilIdle(t, c, e.broker, time.Minute)
+
+	if d.dropped.Load() != 1 {
+		t.Fatalf("%d COMMIT replies dropped, want 1: the test did not lose a commit", d.dropped.Load())
+	}
+	counts := e.effectCounts()
+	for i := range n {
+		if id := fmt.Sprintf("m-%d", i); counts[id] != 1 {
+			t.Errorf("%s has %d effects, want 1", id, counts[id])
+		}
+	}
+	tot := e.hooks.Total()
+	if u := unknowns(e.hooks); u != n || tot.Applied != 0 || tot.Duplicate != n {
+		t.Errorf("reported %d unknown, %d applied, %d duplicate; want %d unknown, then %d duplicates", u, tot.Applied, tot.Duplicate, n, n)
+	}
+	if got := outcomes.count(consumer.OutcomeUnknown); got != n {
+		t.Errorf("MessageDone reported %d messages as unknown, want %d", got, n)
+	}
+}
+
+// When the server ends the session during COMMIT (here a deferred trigger
+// terminates its own backend) the transaction did not commit; the consumer
+// cannot know that, reports the batch as unknown, and the redelivery
+// applies every message once.
+func TestCommitOutcomeUnknownSessionTerminated(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, consumertest.Config{Lanes: 1})
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `
+CREATE SEQUENCE kill_once;
+CREATE FUNCTION kill_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF NEW.msg_id = 'm-3' AND nextval('kill_once') = 1 THEN
+		PERFORM pg_terminate_backend(pg_backend_pid());
+		PERFORM pg_sleep(1); -- the termination interrupts this
+	END IF;
+	RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER kill_at_commit AFTER INSERT ON effects
+	DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION kill_at_commit()`); err != nil {
+		t.Fatal(err)
+	}
+	const n = 10
+	for i := range n {
+		e.broker.Publish(0, msg(fmt.Sprintf("m-%d", i), "x"))
+	}
+	e.runUntilIdle(e.consumer(consumer.Config{BatchSize: n, Concurrency: 1}), time.Minute)
+
+	var killed int64
+	if err := e.pool.QueryRow(ctx, `SELECT last_value FROM kill_once WHERE is_called`).Scan(&killed); err != nil {
+		t.Fatalf("the trigger never ran: %v", err)
+	}
+	counts := e.effectCounts()
+	for i := range n {
+		if id := fmt.Sprintf("m-%d", i); counts[id] != 1 {
+			t.Errorf("%s has %d effects, want 1", id, counts[id])
+		}
+	}
+	if u, a := unknowns(e.hooks), e.hooks.Total().Applied; u != n || a != n {
+		t.Errorf("reported %d unknown, %d applied; want %d unknown, then %d applied", u, a, n, n)
+	}
+	if len(e.parked()) != 0 {
+		t.Errorf("parked %+v", e.parked())
+	}
+}
+
+func unknowns(c *consumertest.Counter) int {
+	n := 0
+	for _, b := range c.Batches() {
+		n += b.Unknown
+	}
+	return n
+}
+
+// outcomeCounter counts what MessageDone reports.
+type outcomeCounter struct {
+	mu sync.Mutex
+	n  map[consumer.Outcome]int
+}
+
+func (o *outcomeCounter) BatchDone(context.Context, *consumer.BatchStats) {}
+
+func (o *outcomeCounter) MessageDone(_ context.Context, _ *consumer.Message, out consumer.Outcome, _ error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n == nil {
+		o.n = map[consumer.Outcome]int{}
+	}
+	o.n[out]++
+}
+
+func (o *outcomeCounter) count(out consumer.Outcome) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.n[out]
+}
