@@ -2,11 +2,11 @@ package consumer
 
 import (
 	"fmt"
-	"io"
 	"log/slog"
 	"time"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/internal/logx"
 )
 
 // MismatchPolicy says what to do with a message whose key was already
@@ -79,9 +79,20 @@ type Config struct {
 	ParkedTable string
 
 	// ShutdownTimeout bounds how long Run waits, after its context is done,
-	// for in-flight batches to commit or roll back and be settled. Defaults to 30s.
+	// for in-flight batches to commit or roll back and be settled. Past it,
+	// the batches' contexts are cancelled and Run returns an error matching
+	// ErrShutdownTimeout without waiting for handlers that ignore their
+	// context: such a batch cannot commit any more, and its messages are
+	// delivered again. Defaults to 30s.
 	ShutdownTimeout time.Duration
-	// Logger receives the consumer's logs. Defaults to discarding them.
+	// SourceFailureTimeout is how long the source's Fetch may keep failing,
+	// with no batch fetched in between, before Run stops and returns the
+	// error. Until then each failure is logged and Fetch is tried again
+	// with backoff. A Fetch error wrapped with Permanent stops Run at once.
+	// Defaults to 0: Fetch is retried for as long as Run runs.
+	SourceFailureTimeout time.Duration
+	// Logger receives the consumer's logs. Defaults to warnings and errors
+	// on stderr (slog.New(slog.DiscardHandler) silences them).
 	Logger *slog.Logger
 	// Hooks observe batches and messages, for metrics and tracing.
 	Hooks []Hook
@@ -130,7 +141,7 @@ func (c Config) withDefaults() Config {
 		c.ShutdownTimeout = 30 * time.Second
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		c.Logger = logx.Default()
 	}
 	return c
 }
@@ -166,6 +177,8 @@ func (c Config) validate() error {
 		return bad("GapDelay", "must not be negative, got %s", c.GapDelay)
 	case c.ShutdownTimeout < 0:
 		return bad("ShutdownTimeout", "must not be negative, got %s", c.ShutdownTimeout)
+	case c.SourceFailureTimeout < 0:
+		return bad("SourceFailureTimeout", "must not be negative, got %s", c.SourceFailureTimeout)
 	case c.OnMismatch > MismatchPark:
 		return bad("OnMismatch", "unknown policy %d", c.OnMismatch)
 	}

@@ -115,10 +115,15 @@ func (c *Consumer) Migrate(ctx context.Context) error {
 	return err
 }
 
-// Run processes messages until ctx is done. It then lets in-flight batches
-// commit or roll back and settles them with the source (waiting at most
-// Config.ShutdownTimeout), and returns nil. It returns an error at once if
-// the consumer's tables are missing.
+// Run processes messages until ctx is done, then lets in-flight batches
+// commit or roll back and settles them with the source, and returns nil.
+//
+// Run returns an error when it cannot go on: the consumer's tables are
+// missing or the database cannot be reached at start, the source's Fetch
+// failed for longer than Config.SourceFailureTimeout or with a Permanent
+// error, or handlers were still running Config.ShutdownTimeout after ctx
+// was done (ErrShutdownTimeout). When a finite source reports
+// ErrSourceDone, Run returns nil once every batch has settled.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("consumer: Run is already running")
@@ -130,16 +135,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	// Work outlives ctx by at most ShutdownTimeout, so that a batch in flight
-	// at shutdown still commits and is acknowledged.
+	// fetching ends when ctx does, or when a worker stops Run with an error
+	// or finds the source done.
+	fetching, stopFetching := context.WithCancel(ctx)
+	defer stopFetching()
+	// Work outlives fetching by at most ShutdownTimeout, so that a batch in
+	// flight at shutdown still commits and is acknowledged.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	stopTimer := context.AfterFunc(ctx, func() {
+	stopTimer := context.AfterFunc(fetching, func() {
 		t := time.NewTimer(c.cfg.ShutdownTimeout)
 		defer t.Stop()
 		select {
 		case <-t.C:
-			c.log.Warn("shutdown timeout: abandoning in-flight batches", "timeout", c.cfg.ShutdownTimeout)
 			cancelWork()
 		case <-work.Done():
 		}
@@ -147,19 +155,54 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer stopTimer()
 
 	c.log.Info("consumer starting", "strategy", c.cfg.Strategy.Name(), "batch_size", c.cfg.BatchSize, "concurrency", c.cfg.Concurrency)
-	var wg sync.WaitGroup
-	c.startBackground(ctx, &wg)
+	var background sync.WaitGroup
+	c.startBackground(fetching, &background)
+	var (
+		workers  sync.WaitGroup
+		inFlight atomic.Int32
+		errOnce  sync.Once
+		runErr   error
+	)
 	for i := 0; i < c.cfg.Concurrency; i++ {
-		wg.Add(1)
+		workers.Add(1)
 		go func() {
-			defer wg.Done()
-			c.worker(ctx, work)
+			defer workers.Done()
+			if err := c.worker(fetching, work, &inFlight); err != nil {
+				errOnce.Do(func() { runErr = err })
+				stopFetching()
+			}
 		}()
 	}
-	wg.Wait()
+	done := make(chan struct{})
+	go func() {
+		workers.Wait()
+		stopFetching()
+		background.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-work.Done():
+		// ShutdownTimeout passed: contexts are cancelled, and a handler
+		// that heeds its context returns at once. One that does not is
+		// left behind; its batch can no longer commit.
+		select {
+		case <-done:
+		case <-time.After(shutdownGrace):
+			n := inFlight.Load()
+			c.log.Error("shutdown timeout: handlers still running; their batches are abandoned and will be delivered again",
+				"timeout", c.cfg.ShutdownTimeout, "batches", n)
+			c.log.Info("consumer stopped")
+			return fmt.Errorf("%w (%s): %d batches abandoned in flight; a handler must return when its context is done", ErrShutdownTimeout, c.cfg.ShutdownTimeout, n)
+		}
+	}
 	c.log.Info("consumer stopped")
-	return nil
+	return runErr
 }
+
+// shutdownGrace is how long Run waits, once ShutdownTimeout has cancelled
+// the batches' contexts, for their handlers to return.
+const shutdownGrace = 100 * time.Millisecond
 
 func (c *Consumer) preflight(ctx context.Context) error {
 	tx, err := c.db.Begin(ctx)
@@ -212,31 +255,55 @@ func (c *Consumer) startBackground(ctx context.Context, wg *sync.WaitGroup) {
 	}
 }
 
-// worker fetches and processes batches until ctx is done. work carries on
-// past ctx for the batch in flight.
-func (c *Consumer) worker(ctx, work context.Context) {
-	failures := 0
+// errEmptyFetch is a Fetch that broke the Source contract.
+var errEmptyFetch = errors.New("source returned no batch and no error; Fetch must block until it has messages")
+
+// worker fetches and processes batches until ctx is done or the source is
+// done, and returns nil then. It returns an error when the source failed
+// for good (a Permanent error, or failures for longer than
+// SourceFailureTimeout). work carries on past ctx for the batch in flight.
+func (c *Consumer) worker(ctx, work context.Context, inFlight *atomic.Int32) error {
+	failures, batchFailures := 0, 0 // consecutive failures of Fetch, and of batches
+	var failingSince time.Time
 	for ctx.Err() == nil {
 		b, err := c.src.Fetch(ctx, c.cfg.BatchSize)
+		if err == nil && (b == nil || len(b.Messages) == 0) {
+			err = errEmptyFetch
+		}
 		if err != nil {
-			if ctx.Err() != nil {
-				return
+			switch {
+			case ctx.Err() != nil:
+				return nil
+			case errors.Is(err, ErrSourceDone):
+				return nil
+			case IsPermanent(err):
+				c.log.Error("fetch failed permanently; stopping", "err", err)
+				return fmt.Errorf("consumer: fetch: %w", err)
+			}
+			if failures == 0 {
+				failingSince = time.Now()
 			}
 			failures++
-			c.log.Error("fetch failed", "err", err)
-			sleep(ctx, c.errorBackoff(failures))
-			continue
-		}
-		if b == nil || len(b.Messages) == 0 {
-			continue
-		}
-		if err := c.process(work, b); err != nil {
-			failures++
+			if c.cfg.SourceFailureTimeout > 0 && time.Since(failingSince) >= c.cfg.SourceFailureTimeout {
+				c.log.Error("fetch keeps failing; stopping", "for", time.Since(failingSince).Round(time.Millisecond), "failures", failures, "err", err)
+				return fmt.Errorf("consumer: fetch failed for %s (%d times): %w", time.Since(failingSince).Round(time.Millisecond), failures, err)
+			}
+			c.log.Error("fetch failed; retrying", "failures", failures, "err", err)
 			sleep(ctx, c.errorBackoff(failures))
 			continue
 		}
 		failures = 0
+		inFlight.Add(1)
+		err = c.process(work, b)
+		inFlight.Add(-1)
+		if err != nil {
+			batchFailures++
+			sleep(ctx, c.errorBackoff(batchFailures))
+		} else {
+			batchFailures = 0
+		}
 	}
+	return nil
 }
 
 // errorBackoff is the pause after consecutive infrastructure failures.

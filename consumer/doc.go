@@ -34,7 +34,28 @@
 // Lanes (Kafka partitions, SQS receivers or FIFO groups) run in parallel,
 // up to Config.Concurrency at a time, and in order within a lane. When Run's
 // context is done, batches in flight commit or roll back and are settled
-// with the source before Run returns, within Config.ShutdownTimeout.
+// with the source before Run returns, within Config.ShutdownTimeout; a
+// handler that ignores its context past that is left behind, its batch
+// rolled back and unacknowledged, and Run returns ErrShutdownTimeout.
+//
+// # Failures are visible
+//
+// Without a Config.Logger, warnings and errors go to stderr. A Fetch error
+// is logged and retried with backoff; Run returns it when it persists past
+// Config.SourceFailureTimeout or is Permanent. A finite source ends Run
+// with ErrSourceDone, and Run then returns nil.
+//
+// # Failures at COMMIT
+//
+// When COMMIT is refused because of what a message wrote (a deferred
+// constraint or constraint trigger), the batch is isolated with the
+// deferred checks run after each message, and that message is retried and
+// parked like a failing handler (*CommitCheckError). Transient refusals
+// (serialization failures, deadlocks, timeouts) roll the batch back and it
+// is delivered again after a backoff. When the connection is lost during
+// COMMIT, the outcome is unknown: the batch is not acknowledged, its
+// messages are reported as OutcomeUnknown, and their redelivery settles
+// them: duplicates if the commit went through, applied if it did not.
 //
 // Package consumertest provides an in-memory at-least-once broker for tests.
 package consumer

@@ -13,6 +13,16 @@ var (
 	ErrPermanent = errors.New("consumer: permanent failure")
 	// ErrInvalidConfig is matched by every error New returns for a bad Config.
 	ErrInvalidConfig = errors.New("consumer: invalid config")
+	// ErrSourceDone is returned (wrapped) by the Fetch of a finite source,
+	// such as a replay of a fixed range, once every message it holds was
+	// handed out and settled, and none awaits redelivery. Run then lets the
+	// batches in flight settle and returns nil.
+	ErrSourceDone = errors.New("consumer: source is done")
+	// ErrShutdownTimeout is matched by the error Run returns when batches
+	// were still in flight Config.ShutdownTimeout after its context was
+	// done: their handlers did not return. Their messages were not
+	// acknowledged and are delivered again.
+	ErrShutdownTimeout = errors.New("consumer: shutdown timeout")
 )
 
 // Permanent marks err as permanent: the message is parked at once instead of

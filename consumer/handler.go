@@ -15,7 +15,9 @@ import (
 // error is permanent (see Permanent) or its attempts are used up.
 //
 // A handler must do all its writes through tx and must not commit or roll it
-// back.
+// back. It must return soon after ctx is done (pass ctx to every call that
+// blocks): at shutdown, Run waits Config.ShutdownTimeout for it, then
+// abandons its batch, which can no longer commit and is delivered again.
 type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
 
 // BatchHandler applies the effects of all new messages of a batch at once, so

@@ -2,11 +2,11 @@ package highwater
 
 import (
 	"fmt"
-	"io"
 	"log/slog"
 	"time"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/internal/logx"
 )
 
 // Mode says which sequence numbers of a sender are accepted after its mark.
@@ -68,7 +68,7 @@ type Config struct {
 	// dedupe.DefaultMaxIDLen (512).
 	MaxKeyLen int
 	// Logger receives warnings about far gaps and stuck senders. Defaults to
-	// discarding them.
+	// warnings and errors on stderr.
 	Logger *slog.Logger
 }
 
@@ -101,7 +101,7 @@ func (c Config) withDefaults() Config {
 		c.MaxKeyLen = dedupe.DefaultMaxIDLen
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		c.Logger = logx.Default()
 	}
 	return c
 }

@@ -2,13 +2,13 @@ package idset
 
 import (
 	"fmt"
-	"io"
 	"log/slog"
 	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/internal/logx"
 )
 
 // DefaultTable is the name of the markers table unless configured otherwise.
@@ -56,7 +56,7 @@ type Config struct {
 	// accepts; at most MaxMaxIDLen. Defaults to dedupe.DefaultMaxIDLen.
 	MaxIDLen int
 	// Logger receives the retention warning and the sweeper's reports.
-	// Defaults to a logger that discards everything.
+	// Defaults to warnings and errors on stderr.
 	Logger *slog.Logger
 }
 
@@ -81,7 +81,7 @@ func (c Config) withDefaults() Config {
 		c.MaxIDLen = dedupe.DefaultMaxIDLen
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		c.Logger = logx.Default()
 	}
 	return c
 }
