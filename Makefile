@@ -4,7 +4,7 @@ GO        ?= go
 STATICCHECK_VERSION ?= v0.8.2
 FAUXQS    := internal/fauxqs/node_modules/.package-lock.json
 
-.PHONY: test test-race test-short bench bench-expiry lint demo deps
+.PHONY: test test-race test-short flake bench bench-expiry lint demo deps
 
 ## test: the whole suite with the race detector (starts its own PostgreSQL, Kafka and SQS peers)
 test: test-race
@@ -15,6 +15,10 @@ test-race: deps
 ## test-short: a quicker pass while iterating
 test-short: deps
 	$(GO) test -short -count=1 ./...
+
+## flake: the whole suite five times over with the race detector, to catch flaky tests
+flake: deps
+	$(GO) test -race -count=5 -timeout 60m ./...
 
 ## deps: the pinned SQS emulator used by the tests
 deps: $(FAUXQS)
