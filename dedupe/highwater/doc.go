@@ -86,8 +86,14 @@
 // overtaken by a later seq of its sender, or it becomes a duplicate when it
 // comes again. The consumer sees to it (Strategy.Sequenced reports true in
 // monotonic mode): it holds a sender's later messages back while an earlier
-// one awaits redelivery, as long as the process runs; delivery in order
-// within a sender (one lane per sender, like a Kafka partition) is assumed.
-// Strict mode needs no help: a later seq is a gap until the earlier one
-// applied.
+// one awaits redelivery or was put on wait in the same batch, even when a
+// producer copy of the awaited seq (same sender and seq, another stored
+// message) comes first, as long as the process runs. Delivery in order
+// within a sender (one lane per sender, like a Kafka partition) is assumed,
+// and so is a source that, after a restart, delivers again in order what the
+// previous process had handed back: Kafka does (the committed offset is the
+// lowest one outstanding), and so does an SQS FIFO queue (a group's later
+// messages stay behind an invisible one). An SQS standard queue orders
+// nothing: use Strict mode there. Strict mode needs no help: a later seq is
+// a gap until the earlier one applied.
 package highwater
