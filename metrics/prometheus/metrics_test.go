@@ -32,9 +32,14 @@ func TestCountersMatchKnownTraffic(t *testing.T) {
 	)
 	pool := newPool(t)
 	ctx := context.Background()
-	// A deferred unique constraint lets a handler make the commit itself
-	// fail: the whole batch rolls back.
-	if _, err := pool.Exec(ctx, `CREATE TABLE bomb (k text UNIQUE DEFERRABLE INITIALLY DEFERRED)`); err != nil {
+	// A deferred trigger lets a handler make the commit itself fail with a
+	// serialization failure, a transient refusal: the whole batch rolls back
+	// and is delivered again.
+	if _, err := pool.Exec(ctx, `CREATE TABLE bomb (k text);
+		CREATE FUNCTION bomb() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'could not serialize access' USING ERRCODE = 'serialization_failure'; END $$;
+		CREATE CONSTRAINT TRIGGER bomb AFTER INSERT ON bomb DEFERRABLE INITIALLY DEFERRED
+			FOR EACH ROW EXECUTE FUNCTION bomb()`); err != nil {
 		t.Fatal(err)
 	}
 	broker := consumertest.New(consumertest.Config{Lanes: lanes + 1})
@@ -90,7 +95,7 @@ func TestCountersMatchKnownTraffic(t *testing.T) {
 			return errors.New("transient failure")
 		}
 		if m.ID == id("b", 2) && firstTime(m.ID) {
-			if _, err := tx.Exec(ctx, `INSERT INTO bomb VALUES ('x'), ('x')`); err != nil {
+			if _, err := tx.Exec(ctx, `INSERT INTO bomb VALUES ('x')`); err != nil {
 				return err
 			}
 		}
@@ -362,13 +367,40 @@ func TestSeriesStartAtZero(t *testing.T) {
 	reg.MustRegister(m)
 	m.BatchDone(context.Background(), &consumer.BatchStats{Consumer: "c", Strategy: "idset", Size: 3, Applied: 3, Total: time.Millisecond})
 	s := gather(t, reg)
-	if n := len(s["effectively_messages_total"].GetMetric()); n != 6 {
-		t.Errorf("%d outcome series, want 6", n)
+	if n := len(s["effectively_messages_total"].GetMetric()); n != 7 {
+		t.Errorf("%d outcome series, want 7", n)
 	}
 	if got := s.value(t, "effectively_messages_total", "consumer=c", "outcome=parked"); got != 0 {
 		t.Errorf("parked = %v, want 0", got)
 	}
 	if got := s.value(t, "effectively_batches_total", "consumer=c", "result=ok"); got != 1 {
 		t.Errorf("ok batches = %v, want 1", got)
+	}
+}
+
+// A batch whose COMMIT lost its connection counts its messages and itself
+// as unknown, not as applied or failed.
+func TestUnknownCommitCounted(t *testing.T) {
+	t.Parallel()
+	m, err := prometheus.New(prometheus.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prom.NewPedanticRegistry()
+	reg.MustRegister(m)
+	m.BatchDone(context.Background(), &consumer.BatchStats{Consumer: "c", Strategy: "idset", Size: 3, Unknown: 3,
+		Err: errors.New("commit outcome unknown: connection reset"), Total: time.Millisecond})
+	s := gather(t, reg)
+	if got := s.value(t, "effectively_messages_total", "consumer=c", "outcome=unknown"); got != 3 {
+		t.Errorf("unknown messages = %v, want 3", got)
+	}
+	if got := s.value(t, "effectively_messages_total", "consumer=c", "outcome=applied"); got != 0 {
+		t.Errorf("applied messages = %v, want 0", got)
+	}
+	if got := s.value(t, "effectively_batches_total", "consumer=c", "result=unknown"); got != 1 {
+		t.Errorf("unknown batches = %v, want 1", got)
+	}
+	if got := s.value(t, "effectively_batches_total", "consumer=c", "result=error"); got != 0 {
+		t.Errorf("error batches = %v, want 0", got)
 	}
 }

@@ -77,7 +77,11 @@ func TestSpanPerBatchMatchesStats(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `CREATE TABLE effects (msg_id text NOT NULL);
-		CREATE TABLE bomb (k text UNIQUE DEFERRABLE INITIALLY DEFERRED)`); err != nil {
+		CREATE TABLE bomb (k text);
+		CREATE FUNCTION bomb() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'could not serialize access' USING ERRCODE = 'serialization_failure'; END $$;
+		CREATE CONSTRAINT TRIGGER bomb AFTER INSERT ON bomb DEFERRABLE INITIALLY DEFERRED
+			FOR EACH ROW EXECUTE FUNCTION bomb()`); err != nil {
 		t.Fatal(err)
 	}
 	broker := consumertest.New(consumertest.Config{Lanes: 3})
@@ -105,8 +109,9 @@ func TestSpanPerBatchMatchesStats(t *testing.T) {
 			return consumer.Permanent(errors.New("poison"))
 		}
 		if bomb {
-			// Breaks the commit: the whole batch rolls back.
-			if _, err := tx.Exec(ctx, `INSERT INTO bomb VALUES ('x'), ('x')`); err != nil {
+			// The deferred trigger fails the commit with a serialization
+			// failure, a transient refusal: the whole batch rolls back.
+			if _, err := tx.Exec(ctx, `INSERT INTO bomb VALUES ('x')`); err != nil {
 				return err
 			}
 		}
