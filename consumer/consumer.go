@@ -201,8 +201,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 }
 
 // shutdownGrace is how long Run waits, once ShutdownTimeout has cancelled
-// the batches' contexts, for their handlers to return.
-const shutdownGrace = 100 * time.Millisecond
+// the batches' contexts, for their handlers to return and their batches to
+// roll back and settle.
+const shutdownGrace = time.Second
 
 func (c *Consumer) preflight(ctx context.Context) error {
 	tx, err := c.db.Begin(ctx)
