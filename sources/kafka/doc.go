@@ -69,6 +69,10 @@
 // zero-length value as a tombstone. The consumer engine keeps nil and
 // empty apart everywhere after the source (handler, parked table, redrive),
 // so once the source reports the difference it reaches the handler intact.
+// The dedupe fingerprint (dedupe.Fingerprint) hashes the value's bytes, so
+// a null and an empty value have the same fingerprint: a redelivery stays a
+// duplicate, not a mismatch, whichever way a version of the source reports
+// it.
 //
 // A partition whose stored offset lies past the end of its log (the topic
 // was deleted and recreated) is not reset: kafka-go keeps waiting for that
