@@ -306,3 +306,51 @@ func TestParkedDeliveriesCounted(t *testing.T) {
 			len(counts), sum, n, delivered, tot.Parked, e.broker.Stats())
 	}
 }
+
+// A message parked again under another key decision keeps one row, and the
+// row keeps what a redrive needs to apply it once: parked first with its
+// key and a marker, then again without a key (a KeyFunc that now fails),
+// the row keeps the key and the marker, so a redrive applies it instead of
+// claiming the key, finding the row's own marker and dropping it as a
+// duplicate. The other way round, the row takes the key and the marker.
+func TestParkedAgainKeepsKeyAndMarker(t *testing.T) {
+	t.Parallel()
+	for _, keyedFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("keyed-first=%v", keyedFirst), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, consumertest.Config{})
+			m := consumer.Message{Ref: "orders/0@5", Value: []byte("poison")}
+			keyed := consumer.Config{
+				KeyFunc: func(m *consumer.Message) (dedupe.Key, error) { return dedupe.Key{ID: "k-5"}, nil },
+				Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+					return consumer.Permanent(errors.New("poison"))
+				},
+			}
+			keyless := consumer.Config{
+				KeyFunc: func(m *consumer.Message) (dedupe.Key, error) { return dedupe.Key{}, errors.New("no key today") },
+			}
+			order := []consumer.Config{keyed, keyless}
+			if !keyedFirst {
+				order = []consumer.Config{keyless, keyed}
+			}
+			for _, cfg := range order {
+				e.runScript(newScript([]consumer.Message{m}), cfg)
+			}
+			var n, count int
+			var id *string
+			var marker bool
+			if err := e.pool.QueryRow(context.Background(), `SELECT count(*) OVER (), park_count, dedupe_id, has_marker FROM effectively.parked`).Scan(&n, &count, &id, &marker); err != nil {
+				t.Fatal(err)
+			}
+			if n != 1 || count != 2 || id == nil || *id != "k-5" || !marker {
+				t.Fatalf("%d rows, count %d, dedupe_id %v, has_marker %v; want 1 row, 2, k-5, true", n, count, id, marker)
+			}
+			cfg := e.redriveConfig(insertEffect)
+			cfg.KeyFunc = keyed.KeyFunc
+			res, err := consumer.Redrive(context.Background(), e.pool, cfg)
+			if err != nil || res.Applied != 1 {
+				t.Fatalf("redrive: %+v, %v", res, err)
+			}
+		})
+	}
+}
