@@ -165,7 +165,11 @@ func textOrNil(s string, ok bool) *string {
 // redelivery of the same stored message, has the same hash; another message
 // under the same ref has another. Lane, time, attempt and the dedupe key
 // are left out: a redelivery may come through another lane (an SQS
-// receiver), and the dedupe key follows from the rest.
+// receiver), and the dedupe key follows from the rest. Unlike
+// dedupe.Fingerprint, which hashes only the payload's bytes (so that a
+// redelivery is a duplicate however a source reports an empty value), it
+// tells a nil payload from an empty one: a tombstone and an empty message
+// are two rows.
 func messageHash(scope string, m *Message) []byte {
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte
