@@ -21,7 +21,7 @@ func TestMigrate(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.must(stock, "migrate", "--kafka", "--yes")
-	if !strings.Contains(r.out, "applied 3 migration(s)") {
+	if !strings.Contains(r.out, "applied 4 migration(s)") {
 		t.Fatalf("first migrate: %s", r.out)
 	}
 	for _, table := range []string{"effectively.parked", "effectively.processed", "effectively.kafka_offsets"} {
@@ -60,7 +60,7 @@ func TestConfirmation(t *testing.T) {
 	}
 	asking := cli.Options{AssumeTerminal: true}
 	r, err := e.run(asking, "n\n", "migrate")
-	if err == nil || !strings.Contains(err.Error(), "aborted") || !strings.Contains(r.err, "Apply 2 migration(s)? [y/N]") {
+	if err == nil || !strings.Contains(err.Error(), "aborted") || !strings.Contains(r.err, "Apply 3 migration(s)? [y/N]") {
 		t.Fatalf("answer no: %v, %q", err, r.err)
 	}
 	if e.count(`SELECT count(*) FROM pg_namespace WHERE nspname = 'effectively'`) != 0 {
@@ -69,7 +69,7 @@ func TestConfirmation(t *testing.T) {
 	if _, err := e.run(asking, "yes\n", "migrate"); err != nil {
 		t.Fatal(err)
 	}
-	if e.count(`SELECT count(*) FROM effectively.schema_migrations`) != 2 {
+	if e.count(`SELECT count(*) FROM effectively.schema_migrations`) != 3 {
 		t.Fatal("a confirmed migrate did not apply")
 	}
 	if _, err := e.run(cli.Options{}, "", "stats", "--database-url", ""); err == nil {

@@ -180,7 +180,10 @@ func (c *classifier) readPartition(ctx context.Context, kc *kafkaClient, p Parti
 	return nil
 }
 
-// toMessage converts a record as the Kafka source does.
+// toMessage converts a record as the Kafka source does. Key and Value are
+// kept as the Reader gives them: nil for a null (a tombstone), and, as in
+// the Kafka source, for an empty one too, which kafka-go's Reader does not
+// tell apart (see the sources/kafka package documentation).
 func toMessage(r *kafkago.Message, lane, idHeader string) *consumer.Message {
 	off := strconv.FormatInt(r.Offset, 10)
 	m := &consumer.Message{Key: r.Key, Value: r.Value, Time: r.Time, Source: kafka.SourceName, Lane: lane, Ref: lane + "@" + off, Attempt: 1}
@@ -199,22 +202,23 @@ func toMessage(r *kafkago.Message, lane, idHeader string) *consumer.Message {
 // classify derives the batch's keys, looks its messages up in the parked
 // table, and claims the valid keys in the dry run's transaction.
 func (c *classifier) classify(ctx context.Context, batch []*consumer.Message, counts *DryRunCounts) error {
-	refs := make([]string, len(batch))
+	refs := make([][]byte, len(batch))
 	for i, m := range batch {
-		refs[i] = m.Ref
+		refs[i] = []byte(m.Ref)
 	}
-	rows, err := c.tx.Query(ctx, `SELECT ref FROM `+c.app.parkedIdent()+` WHERE scope = $1 AND source = $2 AND ref = ANY($3)`,
+	rows, err := c.tx.Query(ctx, `SELECT ref_bytes FROM `+c.app.parkedIdent()+`
+WHERE scope = $1 AND source = $2 AND ref_bytes = ANY($3::bytea[])`,
 		c.o.scope, kafka.SourceName, refs)
 	if err != nil {
 		return fmt.Errorf("parked: %w", err)
 	}
-	parkedRefs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	parkedRefs, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
 	if err != nil {
 		return fmt.Errorf("parked: %w", err)
 	}
 	parked := make(map[string]bool, len(parkedRefs))
 	for _, r := range parkedRefs {
-		parked[r] = true
+		parked[string(r)] = true
 	}
 
 	var keys []dedupe.Key

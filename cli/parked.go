@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -19,7 +20,11 @@ import (
 
 // ParkedMessage is one parked row, as "parked list --json" and
 // "parked show --json" print it. Payload and Key are base64 when they are
-// not valid text (PayloadBase64, KeyBase64 say so).
+// not valid text (PayloadBase64, KeyBase64 say so), and KeyNull and
+// PayloadNull tell a nil key or payload (such as a Kafka tombstone's) from
+// an empty one. Ref, Source and Lane are the value itself when it is valid
+// text; otherwise they are quoted Go-style ("r\xff") and RefBase64,
+// SourceBase64 and LaneBase64 hold the exact bytes.
 type ParkedMessage struct {
 	ID            int64           `json:"id"`
 	Consumer      string          `json:"consumer"`
@@ -29,24 +34,38 @@ type ParkedMessage struct {
 	Seq           *int64          `json:"seq,omitempty"`
 	HasMarker     bool            `json:"has_marker"`
 	Source        string          `json:"source"`
+	SourceBase64  string          `json:"source_base64,omitempty"`
 	Lane          string          `json:"lane"`
+	LaneBase64    string          `json:"lane_base64,omitempty"`
 	Ref           string          `json:"ref"`
+	RefBase64     string          `json:"ref_base64,omitempty"`
 	Key           string          `json:"key,omitempty"`
 	KeyBase64     bool            `json:"key_base64,omitempty"`
+	KeyNull       bool            `json:"key_null,omitempty"`
 	Payload       string          `json:"payload"`
 	PayloadBase64 bool            `json:"payload_base64,omitempty"`
+	PayloadNull   bool            `json:"payload_null,omitempty"`
 	Headers       json.RawMessage `json:"headers"`
 	MessageTime   *time.Time      `json:"message_time,omitempty"`
 	Attempts      int32           `json:"attempts"`
 	Reason        string          `json:"reason"`
 	LastError     string          `json:"last_error"`
-	ParkedAt      time.Time       `json:"parked_at"`
+	// ParkCount is how many times this message was parked: the same
+	// message delivered and parked again shares its row.
+	ParkCount int32 `json:"park_count"`
+	// ParkedAt is when it was first parked, LastParkedAt the latest time.
+	ParkedAt     time.Time `json:"parked_at"`
+	LastParkedAt time.Time `json:"last_parked_at"`
+
+	// The exact ref, source and lane.
+	ref, source, lane string
 }
 
 // parkedFilter selects parked rows.
 type parkedFilter struct {
 	scope, reason string
 	ids           []int64
+	refFlags      []string
 	limit         int
 	olderThan     time.Duration
 }
@@ -55,18 +74,78 @@ func (f *parkedFilter) flags(fs *pflag.FlagSet, limit int) {
 	fs.StringVar(&f.scope, "scope", "", "only rows of this scope")
 	fs.StringVar(&f.reason, "reason", "", "only rows parked for this reason (invalid_key, permanent, max_attempts, mismatch, gap)")
 	fs.Int64SliceVar(&f.ids, "id", nil, "only these row ids (repeat or comma-separate)")
+	fs.StringArrayVar(&f.refFlags, "ref", nil, `only rows with this ref, as "parked list" shows it: plain, or quoted Go-style for refs that are not plain text ("r\xff"); repeat for several`)
 	fs.IntVar(&f.limit, "limit", limit, "at most this many rows (0: no limit)")
 }
 
-// where returns the filter as a WHERE clause on $1…$4.
-func (f *parkedFilter) where() (string, []any) {
+// refs returns the --ref values, unquoted.
+func (f *parkedFilter) refs() ([]string, error) {
+	out := make([]string, 0, len(f.refFlags))
+	for _, r := range f.refFlags {
+		ref, err := parseRef(r)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ref)
+	}
+	return out, nil
+}
+
+// where returns the filter as a WHERE clause on $1…$5.
+func (f *parkedFilter) where() (string, []any, error) {
 	var ids []int64
 	if len(f.ids) > 0 {
 		ids = f.ids
 	}
+	refs, err := f.refs()
+	if err != nil {
+		return "", nil, err
+	}
+	var raw [][]byte
+	for _, r := range refs {
+		raw = append(raw, []byte(r))
+	}
 	return `($1 = '' OR scope = $1) AND ($2 = '' OR reason = $2) AND ($3::bigint[] IS NULL OR id = ANY($3))
-    AND ($4::bigint = 0 OR parked_at < now() - $4::bigint * interval '1 microsecond')`,
-		[]any{f.scope, f.reason, ids, f.olderThan.Microseconds()}
+    AND ($4::bigint = 0 OR parked_at < now() - $4::bigint * interval '1 microsecond')
+    AND ($5::bytea[] IS NULL OR ref_bytes = ANY($5))`,
+		[]any{f.scope, f.reason, ids, f.olderThan.Microseconds(), raw}, nil
+}
+
+// showRef renders a ref (or source, lane) for a table: as it is when it is
+// plain printable text without quotes or backslashes, else quoted
+// Go-style. A shown ref starting with a double quote is therefore always
+// quoted, and parseRef reads back what showRef shows.
+func showRef(s string) string {
+	if s == "" || strings.ContainsAny(s, `"\`) || strings.TrimSpace(s) != s || !utf8.ValidString(s) {
+		return strconv.Quote(s)
+	}
+	for _, r := range s {
+		if !strconv.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
+
+// parseRef reads a ref given as showRef shows it.
+func parseRef(s string) (string, error) {
+	if !strings.HasPrefix(s, `"`) {
+		return s, nil
+	}
+	ref, err := strconv.Unquote(s)
+	if err != nil {
+		return "", fmt.Errorf("--ref %s: a ref starting with a double quote must be a complete Go-quoted string, such as \"r\\xff\"", s)
+	}
+	return ref, nil
+}
+
+// exactText returns b as text and "" when it is valid UTF-8 without NUL
+// bytes; else b quoted Go-style and its base64.
+func exactText(b []byte) (string, string) {
+	if utf8.Valid(b) && !strings.ContainsRune(string(b), 0) {
+		return string(b), ""
+	}
+	return strconv.Quote(string(b)), base64.StdEncoding.EncodeToString(b)
 }
 
 func (a *app) parkedCmd() *cobra.Command {
@@ -82,17 +161,32 @@ gap that never closed (gap). Each is kept whole in the parked table.`,
 	return cmd
 }
 
-const parkedColumns = `id, consumer, scope, dedupe_id, sender, seq, has_marker, source, lane, ref,
-    msg_key, payload, headers, message_time, attempts, reason, last_error, parked_at`
+const parkedColumns = `id, consumer, scope, dedupe_id, sender, seq, has_marker, source, source_bytes, lane, lane_bytes, ref_bytes,
+    msg_key, payload, headers, message_time, attempts, reason, last_error, park_count, parked_at, last_parked_at`
 
 func scanParked(rows pgx.Rows) ([]ParkedMessage, error) {
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedMessage, error) {
 		var p ParkedMessage
-		var key, payload, headers []byte
-		err := r.Scan(&p.ID, &p.Consumer, &p.Scope, &p.DedupeID, &p.Sender, &p.Seq, &p.HasMarker, &p.Source, &p.Lane, &p.Ref,
-			&key, &payload, &headers, &p.MessageTime, &p.Attempts, &p.Reason, &p.LastError, &p.ParkedAt)
+		var key, payload, headers, sourceBytes, laneBytes, refBytes []byte
+		var source, lane string
+		err := r.Scan(&p.ID, &p.Consumer, &p.Scope, &p.DedupeID, &p.Sender, &p.Seq, &p.HasMarker,
+			&source, &sourceBytes, &lane, &laneBytes, &refBytes,
+			&key, &payload, &headers, &p.MessageTime, &p.Attempts, &p.Reason, &p.LastError, &p.ParkCount, &p.ParkedAt, &p.LastParkedAt)
+		p.source, p.lane, p.ref = source, lane, string(refBytes)
+		if sourceBytes != nil {
+			p.source = string(sourceBytes)
+		}
+		if laneBytes != nil {
+			p.lane = string(laneBytes)
+		}
+		p.Source, p.SourceBase64 = exactText([]byte(p.source))
+		p.Lane, p.LaneBase64 = exactText([]byte(p.lane))
+		p.Ref, p.RefBase64 = exactText(refBytes)
+		// A NULL column scans as nil, an empty one as empty.
 		p.Key, p.KeyBase64 = textOrBase64(key)
+		p.KeyNull = key == nil
 		p.Payload, p.PayloadBase64 = textOrBase64(payload)
+		p.PayloadNull = payload == nil
 		p.Headers = headers
 		return p, err
 	})
@@ -106,13 +200,16 @@ func textOrBase64(b []byte) (string, bool) {
 }
 
 func (a *app) queryParked(ctx context.Context, pool *pgxpool.Pool, f *parkedFilter) ([]ParkedMessage, error) {
-	where, args := f.where()
+	where, args, err := f.where()
+	if err != nil {
+		return nil, err
+	}
 	var limit *int64
 	if f.limit > 0 {
 		l := int64(f.limit)
 		limit = &l
 	}
-	rows, err := pool.Query(ctx, `SELECT `+parkedColumns+` FROM `+a.parkedIdent()+` WHERE `+where+` ORDER BY id LIMIT $5`, append(args, limit)...)
+	rows, err := pool.Query(ctx, `SELECT `+parkedColumns+` FROM `+a.parkedIdent()+` WHERE `+where+` ORDER BY id LIMIT $6`, append(args, limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("parked: %w", err)
 	}
@@ -129,10 +226,20 @@ func (a *app) parkedListCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List parked messages, oldest first",
+		Long: `List parked messages, oldest first. COUNT is how many times the message was
+parked: the same message (same source, ref, key, payload and headers)
+delivered and parked again shares its row, while another message under the
+same ref has a row of its own. A ref (source, lane) that is not plain
+printable text is shown quoted Go-style, such as "r\xff", and --ref takes it
+in the same form.`,
 		Example: `  effectively parked list --scope ledger --reason permanent
+  effectively parked list --ref 'orders/3@1042' --ref '"r\xff"'
   effectively parked list --json --limit 0`,
 		Args: cobra.NoArgs,
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
+			if _, err := f.refs(); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			pool, err := a.db(ctx)
 			if err != nil {
@@ -146,10 +253,10 @@ func (a *app) parkedListCmd() *cobra.Command {
 				return writeJSON(cmd.OutOrStdout(), ps)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSCOPE\tREASON\tATTEMPTS\tPARKED AT\tREF\tDEDUPE KEY\tLAST ERROR")
+			fmt.Fprintln(tw, "ID\tSCOPE\tREASON\tATTEMPTS\tCOUNT\tPARKED AT\tREF\tDEDUPE KEY\tLAST ERROR")
 			for _, p := range ps {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", p.ID, p.Scope, p.Reason, p.Attempts,
-					p.ParkedAt.UTC().Format(time.RFC3339), orDash(p.Ref), orDash(keyString(p)), shorten(p.LastError, 60))
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", p.ID, p.Scope, p.Reason, p.Attempts, p.ParkCount,
+					p.ParkedAt.UTC().Format(time.RFC3339), showRef(p.ref), orDash(keyString(p)), shorten(p.LastError, 60))
 			}
 			if err := tw.Flush(); err != nil {
 				return err
@@ -236,11 +343,19 @@ func (a *app) parkedShowCmd() *cobra.Command {
 	return cmd
 }
 
+// printParked shows one row whole. Key and payload are labelled "(null)"
+// when nil (a Kafka tombstone's), "(empty)" when empty and "(base64)"
+// when they are not text.
 func printParked(w io.Writer, p ParkedMessage) {
 	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
-	enc := func(base64 bool) string {
-		if base64 {
+	enc := func(null, base64 bool, s string) string {
+		switch {
+		case null:
+			return " (null)"
+		case base64:
 			return " (base64)"
+		case s == "":
+			return " (empty)"
 		}
 		return ""
 	}
@@ -249,17 +364,19 @@ func printParked(w io.Writer, p ParkedMessage) {
 	fmt.Fprintf(tw, "scope:\t%s\n", p.Scope)
 	fmt.Fprintf(tw, "dedupe key:\t%s\n", orDash(keyString(p)))
 	fmt.Fprintf(tw, "has marker:\t%t\n", p.HasMarker)
-	fmt.Fprintf(tw, "source:\t%s\n", p.Source)
-	fmt.Fprintf(tw, "lane:\t%s\n", p.Lane)
-	fmt.Fprintf(tw, "ref:\t%s\n", p.Ref)
+	fmt.Fprintf(tw, "source:\t%s\n", showRef(p.source))
+	fmt.Fprintf(tw, "lane:\t%s\n", showRef(p.lane))
+	fmt.Fprintf(tw, "ref:\t%s\n", showRef(p.ref))
 	fmt.Fprintf(tw, "message time:\t%s\n", fmtTime(p.MessageTime))
 	fmt.Fprintf(tw, "reason:\t%s\n", p.Reason)
 	fmt.Fprintf(tw, "attempts:\t%d\n", p.Attempts)
+	fmt.Fprintf(tw, "park count:\t%d\n", p.ParkCount)
 	fmt.Fprintf(tw, "parked at:\t%s\n", p.ParkedAt.UTC().Format(time.RFC3339))
+	fmt.Fprintf(tw, "last parked at:\t%s\n", p.LastParkedAt.UTC().Format(time.RFC3339))
 	fmt.Fprintf(tw, "last error:\t%s\n", p.LastError)
-	fmt.Fprintf(tw, "key%s:\t%s\n", enc(p.KeyBase64), p.Key)
+	fmt.Fprintf(tw, "key%s:\t%s\n", enc(p.KeyNull, p.KeyBase64, p.Key), p.Key)
 	fmt.Fprintf(tw, "headers:\t%s\n", string(p.Headers))
-	fmt.Fprintf(tw, "payload%s:\t%s\n", enc(p.PayloadBase64), p.Payload)
+	fmt.Fprintf(tw, "payload%s:\t%s\n", enc(p.PayloadNull, p.PayloadBase64, p.Payload), p.Payload)
 	_ = tw.Flush()
 }
 
@@ -279,27 +396,32 @@ func (a *app) purgeCmd() *cobra.Command {
 with a marker (has_marker: permanent, max_attempts, mismatch) stays recognised
 as a duplicate if its source delivers it again; one parked without (invalid_key,
 gap) would be processed again. It is safe while consumers run. Without
---scope, --reason, --id or --older-than it refuses unless --all is given.`,
+--scope, --reason, --id, --ref or --older-than it refuses unless --all is
+given. A row stands for every parking of its message (see COUNT in "parked
+list"): purging it purges them all.`,
 		Example: `  effectively parked purge --scope ledger --reason permanent --older-than 720h
   effectively parked purge --id 42 --yes`,
 		Args: cobra.NoArgs,
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
-			if !all && f.scope == "" && f.reason == "" && len(f.ids) == 0 && f.olderThan == 0 {
-				return fmt.Errorf("no filter: give --scope, --reason, --id or --older-than, or --all to purge every parked message")
+			if !all && f.scope == "" && f.reason == "" && len(f.ids) == 0 && len(f.refFlags) == 0 && f.olderThan == 0 {
+				return fmt.Errorf("no filter: give --scope, --reason, --id, --ref or --older-than, or --all to purge every parked message")
+			}
+			where, args, err := f.where()
+			if err != nil {
+				return err
 			}
 			ctx := cmd.Context()
 			pool, err := a.db(ctx)
 			if err != nil {
 				return err
 			}
-			where, args := f.where()
 			var limit *int64
 			if f.limit > 0 {
 				l := int64(f.limit)
 				limit = &l
 			}
 			args = append(args, limit)
-			sel := `SELECT id FROM ` + a.parkedIdent() + ` WHERE ` + where + ` ORDER BY id LIMIT $5`
+			sel := `SELECT id FROM ` + a.parkedIdent() + ` WHERE ` + where + ` ORDER BY id LIMIT $6`
 			var n int64
 			if err := pool.QueryRow(ctx, `SELECT count(*) FROM (`+sel+`) s`, args...).Scan(&n); err != nil {
 				return fmt.Errorf("parked: %w", err)

@@ -45,16 +45,24 @@ this command tree with its handlers registered by name:
 	_ = root.ExecuteContext(ctx)
 
 Messages parked with reason invalid_key have no key: they are skipped unless
---key names a key function that derives one.
+--key names a key function that derives one. A row that counts several
+parkings of the same message (COUNT) is applied once. --ref selects rows by
+their ref as "parked list" shows it; every row under that ref is redriven.
 
 ` + keyHelp,
 		Example: `  ledger-ops parked redrive --scope ledger --handler ledger --reason permanent
-  ledger-ops parked redrive --scope ledger --handler ledger --id 42 --yes`,
+  ledger-ops parked redrive --scope ledger --handler ledger --id 42 --yes
+  ledger-ops parked redrive --scope ledger --handler ledger --ref '"orders/0@7\xff"'`,
 		Args: cobra.NoArgs,
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
 			if f.scope == "" {
 				return errors.New("--scope is required: redrive works on one scope at a time")
 			}
+			where, args, err := f.where()
+			if err != nil {
+				return err
+			}
+			refs, _ := f.refs()
 			h, bh, err := a.handler(handler)
 			if err != nil {
 				return err
@@ -77,7 +85,6 @@ Messages parked with reason invalid_key have no key: they are skipped unless
 			if err := prepare(ctx, pool, s); err != nil {
 				return err
 			}
-			where, args := f.where()
 			var n int64
 			if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+a.parkedIdent()+` WHERE `+where, args...).Scan(&n); err != nil {
 				return fmt.Errorf("parked: %w", err)
@@ -96,16 +103,20 @@ Messages parked with reason invalid_key have no key: they are skipped unless
 			res, err := consumer.Redrive(ctx, pool, consumer.RedriveConfig{
 				Scope: f.scope, Strategy: s, Handler: h, BatchHandler: bh, KeyFunc: kf,
 				Schema: a.schema, ParkedTable: a.parkedTable,
-				Filter: consumer.RedriveFilter{IDs: f.ids, Reason: f.reason, Limit: f.limit},
+				Filter: consumer.RedriveFilter{IDs: f.ids, Refs: refs, Reason: f.reason, Limit: f.limit},
 			})
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tREF\tREASON\tOUTCOME\tERROR")
+			fmt.Fprintln(tw, "ID\tREF\tCOUNT\tREASON\tOUTCOME\tERROR")
 			for _, it := range res.Items {
 				msg := ""
 				if it.Err != nil {
 					msg = shorten(it.Err.Error(), 100)
 				}
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", it.ID, orDash(it.Ref), orDash(it.Reason), it.Outcome, msg)
+				ref, count := "-", "-"
+				if it.Outcome != consumer.RedriveGone {
+					ref, count = showRef(it.Ref), strconv.Itoa(it.ParkCount)
+				}
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", it.ID, ref, count, orDash(it.Reason), it.Outcome, msg)
 			}
 			_ = tw.Flush()
 			fmt.Fprintf(out, "applied %d, duplicate %d, failed %d, skipped %d, gone %d\n",

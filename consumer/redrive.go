@@ -20,6 +20,10 @@ import (
 type RedriveFilter struct {
 	// IDs, when not empty, limits the redrive to these parked-row ids.
 	IDs []int64
+	// Refs, when not empty, limits the redrive to rows whose Message.Ref
+	// is one of these, byte for byte. Several rows may share a ref (other
+	// messages delivered under it).
+	Refs []string
 	// Reason, when set, limits the redrive to rows parked for this reason
 	// (ReasonPermanent, ReasonMaxAttempts, …).
 	Reason string
@@ -124,11 +128,14 @@ const (
 
 // RedriveItem is what became of one parked row.
 type RedriveItem struct {
-	ID      int64
-	Ref     string
-	Reason  string // the reason it was parked
-	Outcome string // one of the Redrive* outcomes
-	Err     error  // why it failed or was skipped
+	ID  int64
+	Ref string // exact, possibly not valid UTF-8
+	// ParkCount is how many times the message was parked before (the same
+	// message delivered and parked again shares its row).
+	ParkCount int
+	Reason    string // the reason it was parked
+	Outcome   string // one of the Redrive* outcomes
+	Err       error  // why it failed or was skipped
 }
 
 // RedriveResult counts the outcomes of a Redrive and lists every row.
@@ -193,7 +200,7 @@ func Redrive(ctx context.Context, db DB, cfg RedriveConfig) (RedriveResult, erro
 		if err != nil {
 			return res, err
 		}
-		cfg.Logger.Info("redrive", "id", it.ID, "ref", it.Ref, "reason", it.Reason, "outcome", it.Outcome, "err", errString(it.Err))
+		cfg.Logger.Info("redrive", "id", it.ID, "ref", it.Ref, "park_count", it.ParkCount, "reason", it.Reason, "outcome", it.Outcome, "err", errString(it.Err))
 		res.add(it)
 	}
 	return res, nil
@@ -229,6 +236,10 @@ func (r *redriver) selectIDs(ctx context.Context) ([]int64, error) {
 	if len(f.IDs) > 0 {
 		ids = f.IDs
 	}
+	var refs [][]byte
+	for _, r := range f.Refs {
+		refs = append(refs, []byte(r))
+	}
 	tx, err := r.db.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: redrive: %w", err)
@@ -236,7 +247,8 @@ func (r *redriver) selectIDs(ctx context.Context) ([]int64, error) {
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	rows, err := tx.Query(ctx, `SELECT id FROM `+r.table+`
 WHERE scope = $1 AND ($2 = '' OR reason = $2) AND ($3::bigint[] IS NULL OR id = ANY($3))
-ORDER BY id LIMIT $4`, r.cfg.Scope, f.Reason, ids, limit)
+    AND ($5::bytea[] IS NULL OR ref_bytes = ANY($5))
+ORDER BY id LIMIT $4`, r.cfg.Scope, f.Reason, ids, limit, refs)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: redrive: selecting parked rows of %s: %w", r.table, err)
 	}
@@ -255,6 +267,7 @@ type parkedMsg struct {
 	hasMarker bool
 	reason    string
 	attempts  int
+	parkCount int
 	m         *Message
 }
 
@@ -275,7 +288,7 @@ func (r *redriver) one(ctx context.Context, id int64) (RedriveItem, error) {
 	if err != nil {
 		return it, err
 	}
-	it.Ref, it.Reason = p.m.Ref, p.reason
+	it.Ref, it.Reason, it.ParkCount = p.m.Ref, p.reason, p.parkCount
 
 	if !p.hasKey {
 		k, kerr := r.deriveKey(p.m)
@@ -342,20 +355,20 @@ func (r *redriver) one(ctx context.Context, id int64) (RedriveItem, error) {
 // rebuilds its message.
 func (r *redriver) take(ctx context.Context, tx pgx.Tx, id int64) (*parkedMsg, error) {
 	var (
-		p                   = &parkedMsg{id: id, m: &Message{}}
-		scope, source, lane string
-		ref                 string
-		dedupeID, sender    *string
-		seq                 *int64
-		fp, key, payload    []byte
-		headers             []byte
-		mt                  *time.Time
+		p                       = &parkedMsg{id: id, m: &Message{}}
+		scope, source, lane     string
+		ref, sourceRaw, laneRaw []byte
+		dedupeID, sender        *string
+		seq                     *int64
+		fp, key, payload        []byte
+		headers                 []byte
+		mt                      *time.Time
 	)
 	err := tx.QueryRow(ctx, `DELETE FROM `+r.table+` WHERE id = $1 AND scope = $2
-RETURNING scope, dedupe_id, sender, seq, fingerprint, has_marker, source, lane, ref,
-    msg_key, payload, headers, message_time, attempts, reason`, id, r.cfg.Scope).Scan(
-		&scope, &dedupeID, &sender, &seq, &fp, &p.hasMarker, &source, &lane, &ref,
-		&key, &payload, &headers, &mt, &p.attempts, &p.reason)
+RETURNING scope, dedupe_id, sender, seq, fingerprint, has_marker, source, source_bytes, lane, lane_bytes, ref_bytes,
+    msg_key, payload, headers, message_time, attempts, reason, park_count`, id, r.cfg.Scope).Scan(
+		&scope, &dedupeID, &sender, &seq, &fp, &p.hasMarker, &source, &sourceRaw, &lane, &laneRaw, &ref,
+		&key, &payload, &headers, &mt, &p.attempts, &p.reason, &p.parkCount)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, err
 	}
@@ -363,7 +376,15 @@ RETURNING scope, dedupe_id, sender, seq, fingerprint, has_marker, source, lane, 
 		return nil, fmt.Errorf("consumer: redrive: taking parked row %d from %s: %w", id, r.table, err)
 	}
 	m := p.m
-	m.Key, m.Value, m.Source, m.Lane, m.Ref = key, payload, source, lane, ref
+	// A NULL key or payload scans as nil, an empty one as empty: a parked
+	// tombstone is redriven as a tombstone.
+	m.Key, m.Value, m.Source, m.Lane, m.Ref = key, payload, source, lane, string(ref)
+	if sourceRaw != nil {
+		m.Source = string(sourceRaw)
+	}
+	if laneRaw != nil {
+		m.Lane = string(laneRaw)
+	}
 	m.Attempt = p.attempts + 1
 	if mt != nil {
 		m.Time = *mt
@@ -406,13 +427,23 @@ func decodeHeaders(raw []byte) ([]Header, error) {
 	out := make([]Header, len(js))
 	for i, j := range js {
 		out[i].Key = j.Key
-		if j.ValueBase64 != "" {
+		if j.KeyBase64 != "" {
+			k, err := base64.StdEncoding.DecodeString(j.KeyBase64)
+			if err != nil {
+				return nil, fmt.Errorf("header %q: key: %w", j.Key, err)
+			}
+			out[i].Key = string(k)
+		}
+		switch {
+		case j.Null:
+			out[i].Value = nil
+		case j.ValueBase64 != "":
 			v, err := base64.StdEncoding.DecodeString(j.ValueBase64)
 			if err != nil {
 				return nil, fmt.Errorf("header %q: %w", j.Key, err)
 			}
 			out[i].Value = v
-		} else {
+		default:
 			out[i].Value = []byte(j.Value)
 		}
 	}

@@ -58,6 +58,22 @@
 // is a KeyFunc for the highwater strategy, reading a sender and a sequence
 // number from headers. Position tells a message's topic, partition and offset.
 //
+// # Null and empty values
+//
+// Kafka tells a null value (a tombstone: on a compacted topic, "delete this
+// key") from an empty one, and a null key from an empty key. This source
+// reads records with kafka-go's Reader, which decodes both alike: a null
+// and an empty value both arrive as a nil Message.Value, a null and an
+// empty key both as a nil Message.Key, and null and empty header values
+// both as nil. A handler of a compacted topic should therefore treat a
+// zero-length value as a tombstone. The consumer engine keeps nil and
+// empty apart everywhere after the source (handler, parked table, redrive),
+// so once the source reports the difference it reaches the handler intact.
+// The dedupe fingerprint (dedupe.Fingerprint) hashes the value's bytes, so
+// a null and an empty value have the same fingerprint: a redelivery stays a
+// duplicate, not a mismatch, whichever way a version of the source reports
+// it.
+//
 // A partition whose stored offset lies past the end of its log (the topic
 // was deleted and recreated) is not reset: kafka-go keeps waiting for that
 // offset and logs warnings. Delete the group's rows from the offsets table

@@ -26,7 +26,10 @@ func laneName(topic string, partition int) string {
 }
 
 // newDelivery converts a record of l. Its ID is the idHeader's value when
-// present and not empty, else "topic/partition/offset".
+// present and not empty, else "topic/partition/offset". Key, Value and
+// header values are kept as the Reader gives them: nil for a null, and nil
+// for an empty one too, which the Reader does not tell apart (see "Null and
+// empty values" in the package documentation).
 func newDelivery(l *lane, r *kafkago.Message, idHeader string) *delivery {
 	d := &delivery{lane: l, offset: r.Offset}
 	m := &d.msg
