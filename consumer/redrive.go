@@ -6,12 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"runtime/debug"
 	"time"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/internal/logx"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -64,7 +64,8 @@ type RedriveConfig struct {
 	ParkedTable string
 	// Filter selects the rows to redrive. Defaults to every row of Scope.
 	Filter RedriveFilter
-	// Logger receives one line per redriven message. Defaults to discarding them.
+	// Logger receives one line per redriven message, at Info level.
+	// Defaults to warnings and errors on stderr.
 	Logger *slog.Logger
 }
 
@@ -82,7 +83,7 @@ func (c RedriveConfig) withDefaults() RedriveConfig {
 		c.ParkedTable = "parked"
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		c.Logger = logx.Default()
 	}
 	return c
 }
