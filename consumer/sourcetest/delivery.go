@@ -155,7 +155,7 @@ func testValues(e *env) {
 	f := e.h.Features
 	values := [][]byte{
 		[]byte("plain"),
-		[]byte("ünïcödé ✓ and an emoji 🙂"),
+		[]byte("ünïcödé ✓ ∑ ß"),
 		[]byte(" leading and trailing spaces "),
 		[]byte(strings.Repeat("0123456789abcdef", 4096)), // 64 KiB
 	}

@@ -117,6 +117,8 @@ func testAbandoned(e *env) {
 	}
 	e.expectBack(tags(b.Messages), true)
 
+	// Unordered lanes may have delivered everything by now.
+	want = append(want, e.publishN(0, 3)...)
 	b = e.fetch(3)
 	if len(b.Messages) > 1 {
 		rest := tags(b.Messages[1:])
