@@ -285,7 +285,9 @@ const settleTimeout = 30 * time.Second
 // visibility timeout, and stops renewing the visibility of the abandoned
 // ones, which reappear when it runs out. On a FIFO queue, a batch with a
 // retried or abandoned message also releases the group's messages received
-// after it, so the group is delivered again in order.
+// after it, so the group is delivered again in order. It returns an error
+// only when a delete or a visibility change may not have reached SQS (a
+// *DeleteError for deletes), and nil for a batch settled already.
 func (s *Source) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.Message, retry []consumer.Retry) error {
 	l, ok := b.SourceData.(*lane)
 	if !ok {
@@ -317,8 +319,11 @@ func (s *Source) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.
 
 	s.mu.Lock()
 	if l.inFlight != b {
+		// Settled already: the first Settle's outcome stands, and this one
+		// is not the source's to apply (consumer.Source's contract).
 		s.mu.Unlock()
-		return errors.New("sqs: Settle: batch is not in flight (settled twice?)")
+		s.log.Debug("sqs: Settle of a batch that is no longer in flight ignored", "queue", s.url, "lane", b.Lane)
+		return nil
 	}
 	l.inFlight = nil
 	for _, m := range b.Messages {
