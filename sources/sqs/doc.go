@@ -20,6 +20,9 @@
 // Settle), a heartbeat renews its visibility with ChangeMessageVisibilityBatch
 // every Config.HeartbeatInterval at most, so a handler slower than the
 // visibility timeout does not see its message delivered to another worker.
+// Each lane's messages are renewed by calls of their own (ten messages at
+// most), which run independently: a slow call delays only the renewal of
+// its own lane's messages, never another lane's, nor the heartbeat itself.
 // If the process dies, renewals stop and the message reappears after at
 // most one visibility timeout.
 //

@@ -346,12 +346,23 @@ func (s *Source) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.
 	s.broadcast()
 	s.mu.Unlock()
 
-	// Wait for any renewal in progress, and stop further ones.
+	// Stop renewals; the messages handed back wait for a renewal in
+	// flight, so that their visibility change comes after it.
+	var renewals []<-chan struct{}
+	handedBack := make(map[*entry]bool, len(retried))
+	for _, c := range retried {
+		handedBack[c.e] = true
+	}
 	for _, m := range b.Messages {
-		m.SourceData.(*entry).markSettled()
+		e := m.SourceData.(*entry)
+		if ch := e.markSettled(); ch != nil && handedBack[e] {
+			renewals = append(renewals, ch)
+		}
 	}
 	for _, e := range released {
-		e.markSettled()
+		if ch := e.markSettled(); ch != nil && len(retried) > 0 {
+			renewals = append(renewals, ch)
+		}
 		if len(retried) > 0 {
 			// Later messages of the group come back no earlier than the
 			// retried one before them. After an abandon they simply run out
@@ -365,6 +376,12 @@ func (s *Source) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.
 
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
+	for _, ch := range renewals {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+	}
 	var errs []error
 	if err := s.changeVisibility(ctx, retried); err != nil {
 		errs = append(errs, fmt.Errorf("sqs: hand back %d retried messages: %w", len(retried), err))
@@ -375,10 +392,19 @@ func (s *Source) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.
 	return errors.Join(errs...)
 }
 
-func (e *entry) markSettled() {
+// markSettled stops renewals of e and returns the channel of a renewal in
+// flight (closed when it ends), or nil.
+func (e *entry) markSettled() <-chan struct{} {
 	e.mu.Lock()
+	defer e.mu.Unlock()
 	e.settled = true
-	e.mu.Unlock()
+	return e.renewing
+}
+
+func (e *entry) isSettled() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.settled
 }
 
 // Close stops receiving and renewing visibility, and hands back at once
