@@ -139,6 +139,19 @@ type HorizonSource interface {
 	RedeliveryHorizon() time.Duration
 }
 
+// ContentIDSource is implemented by sources whose default dedupe ID
+// (Message.ID) can be derived from the payload alone, as on an SQS FIFO
+// queue with content-based deduplication, where it is a hash of the body.
+// Such a broker drops a repeated payload by itself only within
+// ContentIDWindow (five minutes for SQS) and delivers a deliberate resend
+// of the same payload after that, with the same ID: a strategy that keeps
+// its markers longer then drops the resend as a duplicate. The consumer
+// warns at start-up when its strategy's retention is longer than the
+// window. ContentIDWindow returns 0 when IDs are not derived from payloads.
+type ContentIDSource interface {
+	ContentIDWindow() time.Duration
+}
+
 // ExhaustionSource is implemented by sources that can leave a message whose
 // attempts are used up to the broker's own dead-letter mechanism (an SQS
 // redrive policy). When ParkExhausted returns false, the consumer does not

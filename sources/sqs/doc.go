@@ -101,6 +101,27 @@
 //     or derive the key from the payload with the consumer's KeyFunc
 //     (consumer.JSONField, say).
 //
+// # Resending the same body to a FIFO queue with content-based deduplication
+//
+// With ContentBasedDeduplication, a message sent without a
+// MessageDeduplicationId gets the SHA-256 of its body as one, and that hash
+// is its Message.ID. A producer that sends the same body again on purpose
+// (a second, equal order) meets two filters. Within SQS's five-minute
+// deduplication interval SQS itself drops the second send: SendMessage
+// succeeds, returns the first message's MessageId, and nothing is
+// delivered. After the interval SQS delivers it, but with the same
+// Message.ID as the first, so the dedupe strategy finds the first one's
+// marker and acknowledges the resend as a duplicate (the payloads match,
+// so it is not even a mismatch): not applied, not parked, for as long as
+// the strategy keeps its markers (seven days with idset's default
+// retention). The source reports the interval through
+// consumer.ContentIDSource, and the consumer warns at start-up when its
+// strategy's retention is longer. A producer whose equal bodies can be
+// distinct messages should send its own MessageDeduplicationId (a key
+// that is the same for retries of one message and differs between
+// messages), or the consumer's KeyFunc should read such a key from the
+// body or an attribute.
+//
 // Message.Ref is the SQS MessageId (the same on every redelivery, and
 // distinct for every message sent), Message.Lane the lane, Message.Attempt
 // the ApproximateReceiveCount, Message.Time the SentTimestamp, and

@@ -30,6 +30,7 @@ type Source struct {
 	log    *slog.Logger
 
 	fifo            bool
+	contentDedupe   bool // a FIFO queue with ContentBasedDeduplication
 	retention       time.Duration
 	maxReceiveCount int
 	deadLetterARN   string
@@ -63,8 +64,9 @@ type lane struct {
 }
 
 var (
-	_ consumer.Source        = (*Source)(nil)
-	_ consumer.HorizonSource = (*Source)(nil)
+	_ consumer.Source          = (*Source)(nil)
+	_ consumer.HorizonSource   = (*Source)(nil)
+	_ consumer.ContentIDSource = (*Source)(nil)
 )
 
 // New checks cfg, looks the queue up (its URL, whether it is FIFO, its
@@ -133,6 +135,7 @@ func (s *Source) readAttributes(ctx context.Context) error {
 		AttributeNames: []types.QueueAttributeName{
 			types.QueueAttributeNameMessageRetentionPeriod,
 			types.QueueAttributeNameFifoQueue,
+			types.QueueAttributeNameContentBasedDeduplication,
 			types.QueueAttributeNameRedrivePolicy,
 		},
 	})
@@ -141,6 +144,7 @@ func (s *Source) readAttributes(ctx context.Context) error {
 	}
 	a := out.Attributes
 	s.fifo = a[string(types.QueueAttributeNameFifoQueue)] == "true" || strings.HasSuffix(s.url, ".fifo")
+	s.contentDedupe = s.fifo && a[string(types.QueueAttributeNameContentBasedDeduplication)] == "true"
 	if v := a[string(types.QueueAttributeNameMessageRetentionPeriod)]; v != "" {
 		secs, err := strconv.Atoi(v)
 		if err != nil {
@@ -172,6 +176,9 @@ func (s *Source) logStart() {
 	if s.fifo {
 		kind = "fifo"
 	}
+	if s.contentDedupe {
+		kind = "fifo, content-based deduplication"
+	}
 	s.log.Info("sqs: source ready", "queue", s.url, "kind", kind, "receivers", s.cfg.Receivers,
 		"visibility_timeout", s.cfg.VisibilityTimeout, "heartbeat", s.cfg.HeartbeatInterval,
 		"wait", s.cfg.WaitTime, "retention", s.retention)
@@ -196,6 +203,21 @@ func (s *Source) FIFO() bool { return s.fifo }
 // MaxReceiveCount returns the maxReceiveCount of the queue's redrive
 // policy, or 0 if it has none.
 func (s *Source) MaxReceiveCount() int { return s.maxReceiveCount }
+
+// fifoDedupeWindow is SQS's deduplication interval on FIFO queues.
+const fifoDedupeWindow = 5 * time.Minute
+
+// ContentIDWindow returns SQS's five-minute deduplication interval on a
+// FIFO queue with content-based deduplication, where Message.ID of a
+// message sent without a MessageDeduplicationId is the SHA-256 of its body,
+// and 0 on other queues (consumer.ContentIDSource). See the package
+// documentation for what a deliberate resend of the same body meets.
+func (s *Source) ContentIDWindow() time.Duration {
+	if s.contentDedupe {
+		return fifoDedupeWindow
+	}
+	return 0
+}
 
 // RedeliveryHorizon returns the queue's message retention period: a message
 // received, processed and not deleted (a crash before the delete) can be
