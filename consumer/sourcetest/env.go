@@ -50,7 +50,6 @@ type env struct {
 type consumerMsg struct {
 	ref, id string
 	attempt int
-	at      time.Time
 }
 
 func newEnv(t *testing.T, h Harness, b *Broker) *env {
@@ -131,9 +130,12 @@ func (e *env) publish(lane int, values ...[]byte) []string {
 // publishN sends n text messages to lane.
 func (e *env) publishN(lane, n int) []string {
 	e.Helper()
+	e.mu.Lock()
+	next := e.count[lane]
+	e.mu.Unlock()
 	values := make([][]byte, n)
 	for i := range values {
-		values[i] = fmt.Appendf(nil, "value %d of lane %d", e.count[lane]+i, lane)
+		values[i] = fmt.Appendf(nil, "value %d of lane %d", next+i, lane)
 	}
 	return e.publish(lane, values...)
 }
@@ -192,7 +194,6 @@ func (e *env) check(b *consumer.Batch, limit, gen int) {
 		e.Errorf("a second batch of lane %s while one is in flight", b.Lane)
 	}
 	e.out[b.Lane] = true
-	now := time.Now()
 	for _, m := range b.Messages {
 		tg := tag(m)
 		p, ok := e.sent[tg]
@@ -243,7 +244,7 @@ func (e *env) check(b *consumer.Batch, limit, gen int) {
 			e.laneOf[p.lane], e.pubOf[b.Lane] = b.Lane, p.lane
 		}
 		e.seen[tg]++
-		e.lastMsg[tg] = consumerMsg{ref: m.Ref, id: m.ID, attempt: m.Attempt, at: now}
+		e.lastMsg[tg] = consumerMsg{ref: m.Ref, id: m.ID, attempt: m.Attempt}
 	}
 }
 
