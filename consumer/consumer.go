@@ -228,6 +228,10 @@ func (c *Consumer) preflight(ctx context.Context) error {
 			c.log.Warn("dedupe retention is shorter than the source's redelivery horizon: a message redelivered after its marker expired would be applied again",
 				"retention", r.Retention(), "redelivery_horizon", h.RedeliveryHorizon())
 		}
+		if cs, ok := c.src.(ContentIDSource); ok && cs.ContentIDWindow() > 0 && r.Retention() > cs.ContentIDWindow() {
+			c.log.Warn("the source's default dedupe IDs are hashes of the payload, which its broker forgets after its window: a deliberate resend of the same payload after the window is dropped as a duplicate for the whole dedupe retention (give each message its own ID, or a KeyFunc that tells resends apart)",
+				"window", cs.ContentIDWindow(), "retention", r.Retention())
+		}
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -251,11 +252,12 @@ func (b *Broker) take(max int) (*consumer.Batch, time.Duration) {
 		if l.inflight != nil {
 			continue
 		}
-		// Move due retries to the end of the queue.
+		// Due retries go back into the queue in lane order, ahead of the
+		// messages not delivered yet (consumer.Source's order).
 		kept := l.delayed[:0]
 		for _, d := range l.delayed {
 			if !d.due.After(now) {
-				l.queue = append(l.queue, d.e)
+				l.requeue(d.e)
 			} else {
 				kept = append(kept, d)
 				if w := d.due.Sub(now); wait == 0 || w < wait {
@@ -295,6 +297,16 @@ func (b *Broker) take(max int) (*consumer.Batch, time.Duration) {
 		return batch, 0
 	}
 	return nil, wait
+}
+
+// requeue puts e back into l's queue before the first message that comes
+// after it in the lane. Broker.mu must be held.
+func (l *lane) requeue(e *entry) {
+	i := 0
+	for i < len(l.queue) && l.queue[i].offset < e.offset {
+		i++
+	}
+	l.queue = slices.Insert(l.queue, i, e)
 }
 
 // Settle implements consumer.Source.

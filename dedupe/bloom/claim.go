@@ -118,7 +118,6 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 		return nil, fmt.Errorf("%w (the transaction is %s)", ErrIsolation, iso)
 	}
 	target := s.sliceOf(clock)
-	s.lastTarget.Store(target.Unix())
 
 	// Which (key, slice) pairs need a probe.
 	var (
@@ -243,6 +242,7 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 
 	// Verdicts, in order; a repeat compares with the marker its first
 	// occurrence found or wrote.
+	var fresh []scopeID
 	for i, k := range keys {
 		u := scopeID{k.Scope, k.ID}
 		m := marks[u]
@@ -254,6 +254,7 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 		case fi == i && m.inserted:
 			verdicts[i] = dedupe.VerdictNew
 			st.fresh++
+			fresh = append(fresh, u)
 			continue
 		case fi == i:
 			// compare with the stored marker below
@@ -268,6 +269,9 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 	}
 	st.keys = int64(len(keys))
 	s.stats.add(st)
+	if !s.cfg.DisableFilter {
+		s.written.note(fresh, target.Unix())
+	}
 	return verdicts, nil
 }
 
@@ -287,37 +291,49 @@ func (s *Strategy) claimErr(err error, target time.Time) error {
 }
 
 // Committed adds the keys that committed as new to this process's filter of
-// the current slice. Adding them only after the commit keeps the measured
-// false-positive rate honest: a rolled-back claim never leaves a key in a
+// the slice their claim wrote them to: the one that claim recorded, since
+// the claims of several lanes can straddle a slice boundary. Adding them
+// only after the commit means a rolled-back claim never leaves a key in a
 // filter that the store would then fail to confirm. (Adding on claim would
 // be just as safe, since a positive only costs a probe.)
 func (s *Strategy) Committed(keys []dedupe.Key, verdicts []dedupe.Verdict) {
 	if s.cfg.DisableFilter {
 		return
 	}
-	t := s.lastTarget.Load()
-	if t == 0 {
-		return
-	}
-	s.filters.mu.Lock()
-	defer s.filters.mu.Unlock()
-	sf := s.filters.slices[t]
-	if sf == nil {
-		sf = &sliceFilter{start: time.Unix(t, 0).UTC(), byScope: map[string]*bloom.BloomFilter{}}
-		s.filters.slices[t] = sf
-	}
-	if sf.sealed {
-		return // built from the store, which holds these keys already
-	}
+	bySlice := map[int64][]dedupe.Key{}
+	s.written.mu.Lock()
 	for i, k := range keys {
 		if i >= len(verdicts) || verdicts[i] != dedupe.VerdictNew {
 			continue
 		}
-		f := sf.byScope[k.Scope]
-		if f == nil {
-			f = newFilter(s.cfg.ExpectedKeysPerSlice, s.cfg.FalsePositiveRate, s.k)
-			sf.byScope[k.Scope] = f
+		u := scopeID{k.Scope, k.ID}
+		if t, ok := s.written.slice[u]; ok {
+			delete(s.written.slice, u)
+			bySlice[t] = append(bySlice[t], k)
 		}
-		f.AddString(k.ID)
+	}
+	s.written.mu.Unlock()
+	if len(bySlice) == 0 {
+		return
+	}
+	s.filters.mu.Lock()
+	defer s.filters.mu.Unlock()
+	for t, ks := range bySlice {
+		sf := s.filters.slices[t]
+		if sf == nil {
+			sf = &sliceFilter{start: time.Unix(t, 0).UTC(), byScope: map[string]*bloom.BloomFilter{}}
+			s.filters.slices[t] = sf
+		}
+		if sf.sealed {
+			continue // built from the store, which holds these keys already
+		}
+		for _, k := range ks {
+			f := sf.byScope[k.Scope]
+			if f == nil {
+				f = newFilter(s.cfg.ExpectedKeysPerSlice, s.cfg.FalsePositiveRate, s.k)
+				sf.byScope[k.Scope] = f
+			}
+			f.AddString(k.ID)
+		}
 	}
 }

@@ -39,9 +39,11 @@
 // the existing marker's fingerprint. The process's own filter of the
 // current slice (fed by Committed, sized from Config.ExpectedKeysPerSlice)
 // is only a hint that sends likely duplicates to the probe to save that
-// read. Committed adds keys after their transaction committed (adding them
-// at claim time would be just as safe, since a positive only costs a
-// probe, but a rolled-back claim would then count as a false positive).
+// read. Committed adds keys after their transaction committed, to the
+// filter of the slice their own claim wrote them to (claims of several
+// lanes may straddle a boundary); adding them at claim time would be just
+// as safe, since a positive only costs a probe, but a rolled-back claim
+// would then send its keys' redeliveries to needless probes.
 //
 // A slice that has closed but is not sealed yet (just after a boundary,
 // before maintenance ran, or before Warm) is probed for every key; this is
@@ -105,5 +107,6 @@
 // partitions, streaming, with progress logged. Claim returns ErrNoPartition if the current slice has no
 // partition because maintenance did not run. Stats reports the filters'
 // memory, the positives, the confirmed and false positives (the measured
-// false-positive rate) and the probes saved.
+// false-positive rate) and the probes saved, as one consistent snapshot
+// however many lanes claim at once.
 package bloom

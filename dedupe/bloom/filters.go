@@ -92,3 +92,34 @@ func (fs *filterSet) sealed(t time.Time) bool {
 	sf := fs.slices[t.Unix()]
 	return sf != nil && sf.sealed
 }
+
+// written remembers, for each key a claim made new, the slice (start in
+// Unix seconds) its marker went to, until Committed adds the key to that
+// slice's filter. Entries of claims that rolled back are replaced when the
+// key is claimed again, and forgotten with their slice.
+type written struct {
+	mu    sync.Mutex
+	slice map[scopeID]int64
+}
+
+func (w *written) note(keys []scopeID, slice int64) {
+	if len(keys) == 0 {
+		return
+	}
+	w.mu.Lock()
+	for _, u := range keys {
+		w.slice[u] = slice
+	}
+	w.mu.Unlock()
+}
+
+// prune forgets the keys written to slices that start before from.
+func (w *written) prune(from time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for u, t := range w.slice {
+		if t < from.Unix() {
+			delete(w.slice, u)
+		}
+	}
+}

@@ -55,6 +55,9 @@ func (s *Strategy) Maintain(ctx context.Context, db DB) error {
 	if n := s.filters.prune(s.liveFrom(now)); n > 0 {
 		s.cfg.Logger.Debug("bloom: rotated filters out", "table", s.cfg.Table, "slices", n)
 	}
+	// A claim commits well within the slice after the one it wrote to;
+	// what is older belongs to claims that rolled back.
+	s.written.prune(s.sliceOf(now).Add(-s.cfg.Slice))
 	if !s.cfg.DisableFilter {
 		if err := s.seal(ctx, db, false); err != nil {
 			return errors.Join(dropErr, err)

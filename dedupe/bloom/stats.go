@@ -1,6 +1,9 @@
 package bloom
 
-import "sync/atomic"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // Stats are a Strategy's counters since New, and the size of its filters.
 type Stats struct {
@@ -40,9 +43,13 @@ type Stats struct {
 	Warm bool
 }
 
+// counters are the claims' counts, added and read under one lock so that
+// a snapshot never holds half of a claim (positives counted, their
+// confirmations not yet), and the seal and drop counts.
 type counters struct {
-	keys, fresh, tests, positives, confirmed, probes, saved, conflicts atomic.Int64
-	sealed, dropped                                                    atomic.Int64
+	mu              sync.Mutex
+	claims          claimStats
+	sealed, dropped atomic.Int64
 }
 
 // claimStats are one claim's counts, added at once.
@@ -51,27 +58,37 @@ type claimStats struct {
 }
 
 func (c *counters) add(s claimStats) {
-	c.keys.Add(s.keys)
-	c.fresh.Add(s.fresh)
-	c.tests.Add(s.tests)
-	c.positives.Add(s.positives)
-	c.confirmed.Add(s.confirmed)
-	c.probes.Add(s.probes)
-	c.saved.Add(s.saved)
-	c.conflicts.Add(s.conflicts)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := &c.claims
+	t.keys += s.keys
+	t.fresh += s.fresh
+	t.tests += s.tests
+	t.positives += s.positives
+	t.confirmed += s.confirmed
+	t.probes += s.probes
+	t.saved += s.saved
+	t.conflicts += s.conflicts
+}
+
+func (c *counters) snapshot() claimStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.claims
 }
 
 // Stats returns the strategy's counters and filter sizes.
 func (s *Strategy) Stats() Stats {
+	c := s.stats.snapshot()
 	st := Stats{
-		Keys:               s.stats.keys.Load(),
-		New:                s.stats.fresh.Load(),
-		Tests:              s.stats.tests.Load(),
-		Positives:          s.stats.positives.Load(),
-		ConfirmedPositives: s.stats.confirmed.Load(),
-		Probes:             s.stats.probes.Load(),
-		ProbesSaved:        s.stats.saved.Load(),
-		Conflicts:          s.stats.conflicts.Load(),
+		Keys:               c.keys,
+		New:                c.fresh,
+		Tests:              c.tests,
+		Positives:          c.positives,
+		ConfirmedPositives: c.confirmed,
+		Probes:             c.probes,
+		ProbesSaved:        c.saved,
+		Conflicts:          c.conflicts,
 		Sealed:             s.stats.sealed.Load(),
 		Dropped:            s.stats.dropped.Load(),
 		Warm:               s.warm.Load(),

@@ -48,9 +48,9 @@ type Strategy struct {
 	filters filterSet
 	sealMu  sync.Mutex // one seal or warm-up at a time
 
-	lastTarget atomic.Int64 // start (Unix seconds) of the slice the latest claim wrote to
-	warm       atomic.Bool
-	stats      counters
+	written written // which slice each claim's new keys went to, until Committed
+	warm    atomic.Bool
+	stats   counters
 }
 
 var (
@@ -80,6 +80,7 @@ func New(cfg Config) (*Strategy, error) {
 	s.dropKey = hash64("effectively.bloom.drop\x00" + name)
 	s.hashSeed = []byte("effectively.bloom.key\x00" + name + "\x00")
 	s.filters.slices = map[int64]*sliceFilter{}
+	s.written.slice = map[scopeID]int64{}
 	s.buildSQL()
 	return s, nil
 }

@@ -53,10 +53,34 @@
 // Message.ID is the value of the Config.IDHeader header ("idempotency-key"
 // by default), or "topic/partition/offset" when it is missing or empty;
 // Message.Ref is "topic/partition@offset", Message.Lane "topic/partition",
-// Message.Key the record key. Retried messages are kept by the source and
-// delivered again after their delay with Attempt incremented. SequenceKey
-// is a KeyFunc for the highwater strategy, reading a sender and a sequence
-// number from headers. Position tells a message's topic, partition and offset.
+// Message.Key the record key. SequenceKey is a KeyFunc for the highwater
+// strategy, reading a sender and a sequence number from headers (parsed by
+// highwater's rule). Position tells a message's topic, partition and
+// offset.
+//
+// # Redelivery and attempts
+//
+// Retried messages are kept by the source and delivered again after their
+// delay; abandoned ones at once. Once due, they come before the partition's
+// records not yet delivered, in offset order, while the records after a
+// retried one go on meanwhile (the source does not hold the partition back).
+//
+// Message.Attempt counts deliveries as consumer.Source defines it, as far
+// as Kafka allows: Kafka keeps no delivery count, so the source counts its
+// own. It carries the count across rebalances (a partition revoked and
+// assigned to the same Source again goes on counting for the records it
+// had delivered and not seen committed), but not across processes: a new
+// Source, or another consumer taking the partition over, starts again at 1.
+// Config.MaxAttempts of the consumer therefore bounds the attempts of a
+// failing message within one process; a message that crashes the process
+// is never counted out.
+//
+// Settle never talks to Kafka: the position commits in the batch's
+// transaction (BeforeCommit), and the offset commit to Kafka that follows
+// is asynchronous, its failures logged (with Config.KafkaOffsetsOnly a
+// lost commit means a redelivery, which the dedupe strategy resolves). So
+// Settle returns nil, also for a batch of a partition this consumer no
+// longer owns, whose records the partition's owner delivers again.
 //
 // # Null and empty values
 //

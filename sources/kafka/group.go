@@ -122,6 +122,9 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 				start = next
 			}
 		}
+		s.mu.Lock()
+		s.forgetCounts(tp, start)
+		s.mu.Unlock()
 		l := &lane{
 			name: laneName(tp.topic, tp.partition), topic: tp.topic, partition: tp.partition, gen: g,
 			space: make(chan struct{}), delivered: -1, committed: -1, kafkaCommitted: -1,
@@ -200,6 +203,7 @@ func (s *Source) revoke(g *generation) {
 	}
 	abandoned := 0
 	for _, l := range g.lanes {
+		s.rememberCounts(l)
 		l.state = laneRevoked
 		if l.inFlight != nil {
 			abandoned++
@@ -252,8 +256,8 @@ func (s *Source) pump(ctx context.Context, l *lane, r *kafkago.Reader) {
 			continue
 		}
 		d := newDelivery(l, &rec, s.cfg.IDHeader)
-		d.msg.Attempt = 1
 		s.mu.Lock()
+		d.msg.Attempt = s.firstAttempt(l, d.offset)
 		for l.state == laneActive && len(l.buf) >= s.cfg.PartitionBuffer {
 			if !l.full {
 				l.full = true

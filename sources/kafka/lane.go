@@ -157,3 +157,69 @@ func (l *lane) settle(b *consumer.Batch, acked map[*consumer.Message]struct{}, r
 		l.committed = next
 	}
 }
+
+// deliveryCounts is what a Source delivered of one partition in earlier
+// generations and has not seen committed, so that Message.Attempt goes on
+// counting when the partition is assigned to it again after a rebalance.
+// Guarded by Source.mu.
+type deliveryCounts struct {
+	upTo  int64         // every offset below was delivered at least once
+	times map[int64]int // deliveries of the offsets delivered more than once
+}
+
+// firstAttempt is the Attempt of the first delivery, in l's generation, of
+// the record at off: 1 unless an earlier generation of this source
+// delivered it already.
+func (s *Source) firstAttempt(l *lane, off int64) int {
+	c := s.counts[topicPartition{l.topic, l.partition}]
+	if c == nil || off >= c.upTo {
+		return 1
+	}
+	return max(c.times[off], 1) + 1
+}
+
+// rememberCounts records, as l's generation ends, how often l's records
+// not yet committed were delivered.
+func (s *Source) rememberCounts(l *lane) {
+	tp := topicPartition{l.topic, l.partition}
+	c := s.counts[tp]
+	if c == nil {
+		c = &deliveryCounts{upTo: -1, times: map[int64]int{}}
+		s.counts[tp] = c
+	}
+	c.upTo = max(c.upTo, l.delivered)
+	note := func(d *delivery) {
+		if d.msg.Attempt > 1 && d.msg.Attempt > c.times[d.offset] {
+			c.times[d.offset] = d.msg.Attempt
+		}
+	}
+	for _, r := range l.retries {
+		note(r.d)
+	}
+	if l.inFlight != nil {
+		for _, m := range l.inFlight.Messages {
+			if d, ok := m.SourceData.(*delivery); ok {
+				note(d)
+			}
+		}
+	}
+	s.forgetCounts(tp, l.committed)
+}
+
+// forgetCounts drops the counts of tp's offsets below next, which
+// committed (or which a new generation skips).
+func (s *Source) forgetCounts(tp topicPartition, next int64) {
+	c := s.counts[tp]
+	if c == nil || next < 0 {
+		return
+	}
+	if next >= c.upTo {
+		delete(s.counts, tp)
+		return
+	}
+	for off := range c.times {
+		if off < next {
+			delete(c.times, off)
+		}
+	}
+}

@@ -1,12 +1,11 @@
 package kafka
 
 import (
-	"fmt"
 	"strconv"
-	"strings"
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/dedupe/highwater"
 	kafkago "github.com/segmentio/kafka-go"
 )
 
@@ -67,9 +66,12 @@ func Position(m *consumer.Message) (topic string, partition int, offset int64, o
 }
 
 // SequenceKey returns a KeyFunc for the highwater strategy that reads the
-// sender from the header senderHeader and its decimal sequence number
-// (starting at 1) from seqHeader. A message missing either header, or with
-// a sequence number that does not parse, is parked with that reason.
+// sender from the header senderHeader and its sequence number from
+// seqHeader with highwater.HeaderKey, so the sequence text follows the one
+// rule of highwater.ParseSeq (decimal digits only, at least 1, no sign or
+// spaces). A message missing either header (an error matching
+// highwater.ErrMissingHeader), or with a sequence number that does not
+// parse (a *highwater.SeqError), is parked with that reason.
 //
 // Use it with highwater's Strict mode: a message handed back for a retry
 // then holds its sender's later messages back as gaps until it commits. In
@@ -77,18 +79,11 @@ func Position(m *consumer.Message) (topic string, partition int, offset int64, o
 // redelivery would count as a duplicate.
 func SequenceKey(senderHeader, seqHeader string) consumer.KeyFunc {
 	return func(m *consumer.Message) (dedupe.Key, error) {
-		sender, ok := m.Header(senderHeader)
-		if !ok || len(sender) == 0 {
-			return dedupe.Key{}, fmt.Errorf("kafka: message has no %q header", senderHeader)
+		k, err := highwater.HeaderKey(m.Header, senderHeader, seqHeader)
+		if err != nil {
+			return dedupe.Key{}, err
 		}
-		raw, ok := m.Header(seqHeader)
-		if !ok || len(raw) == 0 {
-			return dedupe.Key{}, fmt.Errorf("kafka: message has no %q header", seqHeader)
-		}
-		seq, err := strconv.ParseInt(strings.TrimSpace(string(raw)), 10, 64)
-		if err != nil || seq < 1 {
-			return dedupe.Key{}, fmt.Errorf("kafka: header %q is %q, not a sequence number of at least 1", seqHeader, raw)
-		}
-		return dedupe.Key{ID: m.ID, Sender: string(sender), Seq: seq}, nil
+		k.ID = m.ID
+		return k, nil
 	}
 }

@@ -41,6 +41,9 @@ type Source struct {
 	rr     int     // round-robin position in lanes
 	wake   chan struct{}
 	closed bool
+	// counts carries Message.Attempt across generations: what this source
+	// delivered of each partition and has not seen committed.
+	counts map[topicPartition]*deliveryCounts
 
 	horizon horizonCache
 }
@@ -70,6 +73,7 @@ func New(db DB, cfg Config) (*Source, error) {
 			SASLMechanism: cfg.SASL,
 		},
 		runDone: make(chan struct{}),
+		counts:  map[topicPartition]*deliveryCounts{},
 	}
 	if !cfg.KafkaOffsetsOnly {
 		if db == nil {

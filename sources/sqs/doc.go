@@ -20,6 +20,9 @@
 // Settle), a heartbeat renews its visibility with ChangeMessageVisibilityBatch
 // every Config.HeartbeatInterval at most, so a handler slower than the
 // visibility timeout does not see its message delivered to another worker.
+// Each lane's messages are renewed by calls of their own (ten messages at
+// most), which run independently: a slow call delays only the renewal of
+// its own lane's messages, never another lane's, nor the heartbeat itself.
 // If the process dies, renewals stop and the message reappears after at
 // most one visibility timeout.
 //
@@ -33,16 +36,36 @@
 // them and they are deleted then.
 //
 // A retried message is handed back with ChangeMessageVisibility set to the
-// consumer's delay (rounded up to whole seconds), and its next delivery
-// reports Message.Attempt from SQS's ApproximateReceiveCount, which counts
-// every receive, including those after a crash. An abandoned message (in
+// consumer's delay (rounded up to whole seconds). An abandoned message (in
 // neither list) is only no longer renewed, and reappears when its
 // visibility timeout runs out. On a FIFO queue a retried or abandoned
 // message also hands back the messages of its group that the source holds
-// but has not handed out yet, so SQS delivers them again after it, in order.
-// Messages after it in the same batch that the consumer acknowledged stay
-// acknowledged, which is why a FIFO batch holds one message unless
-// Config.GroupBatchSize allows more.
+// but has not handed out yet, so SQS delivers them again after it, in order:
+// SQS delivers nothing more of the group until the retried message was
+// delivered again. Messages after it in the same batch that the consumer
+// acknowledged stay acknowledged, which is why a FIFO batch holds one
+// message unless Config.GroupBatchSize allows more. A standard queue keeps
+// no order, so neither do its receiver lanes.
+//
+// Settle returns an error only when a delete or a visibility change may not
+// have reached SQS (the messages then come back, and acknowledged ones are
+// recognised as duplicates); a batch settled a second time is ignored, with
+// nil, as consumer.Source requires.
+//
+// # Attempts
+//
+// Message.Attempt is SQS's ApproximateReceiveCount: the delivery count of
+// consumer.Source, kept by the broker, so it carries on across crashes,
+// restarts and other consumer processes. It also counts receives that never
+// reached a consumer: messages released unfetched at Close, and on a FIFO
+// queue those of a group handed back behind a retried or abandoned one
+// (SQS returns several messages of a group in one receive). Such a message
+// reaches the consumer's MaxAttempts after fewer failures of its own; give
+// MaxAttempts room on busy FIFO groups. Beware the queue's redrive policy
+// counts the same receives (see Exhausted messages).
+//
+// SQS bodies are Unicode text of at least one character, so Message.Value
+// is never nil or empty.
 //
 // Close stops the receivers, letting their long polls in progress end (a
 // cancelled long poll can still take messages on the server side, which
@@ -78,7 +101,29 @@
 //     or derive the key from the payload with the consumer's KeyFunc
 //     (consumer.JSONField, say).
 //
-// Message.Ref is the SQS MessageId, Message.Lane the lane, Message.Attempt
+// # Resending the same body to a FIFO queue with content-based deduplication
+//
+// With ContentBasedDeduplication, a message sent without a
+// MessageDeduplicationId gets the SHA-256 of its body as one, and that hash
+// is its Message.ID. A producer that sends the same body again on purpose
+// (a second, equal order) meets two filters. Within SQS's five-minute
+// deduplication interval SQS itself drops the second send: SendMessage
+// succeeds, returns the first message's MessageId, and nothing is
+// delivered. After the interval SQS delivers it, but with the same
+// Message.ID as the first, so the dedupe strategy finds the first one's
+// marker and acknowledges the resend as a duplicate (the payloads match,
+// so it is not even a mismatch): not applied, not parked, for as long as
+// the strategy keeps its markers (seven days with idset's default
+// retention). The source reports the interval through
+// consumer.ContentIDSource, and the consumer warns at start-up when its
+// strategy's retention is longer. A producer whose equal bodies can be
+// distinct messages should send its own MessageDeduplicationId (a key
+// that is the same for retries of one message and differs between
+// messages), or the consumer's KeyFunc should read such a key from the
+// body or an attribute.
+//
+// Message.Ref is the SQS MessageId (the same on every redelivery, and
+// distinct for every message sent), Message.Lane the lane, Message.Attempt
 // the ApproximateReceiveCount, Message.Time the SentTimestamp, and
 // Message.Headers the message attributes (string and number attributes as
 // their text, binary ones as their bytes). MessageInfo returns the rest of

@@ -104,11 +104,13 @@ type entry struct {
 
 	unreadable *UnreadableError
 
-	// mu is held by the heartbeat while it renews this delivery's
-	// visibility, and by Settle when it marks the entry settled, so that a
-	// retry's visibility change always comes after any renewal.
-	mu      sync.Mutex
-	settled bool
+	// mu guards settled and renewing; it is never held across a call to
+	// SQS. Settle waits for a renewal in flight (renewing) before it hands
+	// a message back, so that its visibility change comes after the
+	// renewal.
+	mu       sync.Mutex
+	settled  bool
+	renewing chan struct{} // closed when the renewal in flight ends; nil when none
 	// renewed is when the visibility was last set (receive or renewal),
 	// in Unix nanoseconds, taken before the request was sent.
 	renewed atomic.Int64

@@ -30,6 +30,7 @@ type Source struct {
 	log    *slog.Logger
 
 	fifo            bool
+	contentDedupe   bool // a FIFO queue with ContentBasedDeduplication
 	retention       time.Duration
 	maxReceiveCount int
 	deadLetterARN   string
@@ -63,8 +64,9 @@ type lane struct {
 }
 
 var (
-	_ consumer.Source        = (*Source)(nil)
-	_ consumer.HorizonSource = (*Source)(nil)
+	_ consumer.Source          = (*Source)(nil)
+	_ consumer.HorizonSource   = (*Source)(nil)
+	_ consumer.ContentIDSource = (*Source)(nil)
 )
 
 // New checks cfg, looks the queue up (its URL, whether it is FIFO, its
@@ -133,6 +135,7 @@ func (s *Source) readAttributes(ctx context.Context) error {
 		AttributeNames: []types.QueueAttributeName{
 			types.QueueAttributeNameMessageRetentionPeriod,
 			types.QueueAttributeNameFifoQueue,
+			types.QueueAttributeNameContentBasedDeduplication,
 			types.QueueAttributeNameRedrivePolicy,
 		},
 	})
@@ -141,6 +144,7 @@ func (s *Source) readAttributes(ctx context.Context) error {
 	}
 	a := out.Attributes
 	s.fifo = a[string(types.QueueAttributeNameFifoQueue)] == "true" || strings.HasSuffix(s.url, ".fifo")
+	s.contentDedupe = s.fifo && a[string(types.QueueAttributeNameContentBasedDeduplication)] == "true"
 	if v := a[string(types.QueueAttributeNameMessageRetentionPeriod)]; v != "" {
 		secs, err := strconv.Atoi(v)
 		if err != nil {
@@ -172,6 +176,9 @@ func (s *Source) logStart() {
 	if s.fifo {
 		kind = "fifo"
 	}
+	if s.contentDedupe {
+		kind = "fifo, content-based deduplication"
+	}
 	s.log.Info("sqs: source ready", "queue", s.url, "kind", kind, "receivers", s.cfg.Receivers,
 		"visibility_timeout", s.cfg.VisibilityTimeout, "heartbeat", s.cfg.HeartbeatInterval,
 		"wait", s.cfg.WaitTime, "retention", s.retention)
@@ -196,6 +203,21 @@ func (s *Source) FIFO() bool { return s.fifo }
 // MaxReceiveCount returns the maxReceiveCount of the queue's redrive
 // policy, or 0 if it has none.
 func (s *Source) MaxReceiveCount() int { return s.maxReceiveCount }
+
+// fifoDedupeWindow is SQS's deduplication interval on FIFO queues.
+const fifoDedupeWindow = 5 * time.Minute
+
+// ContentIDWindow returns SQS's five-minute deduplication interval on a
+// FIFO queue with content-based deduplication, where Message.ID of a
+// message sent without a MessageDeduplicationId is the SHA-256 of its body,
+// and 0 on other queues (consumer.ContentIDSource). See the package
+// documentation for what a deliberate resend of the same body meets.
+func (s *Source) ContentIDWindow() time.Duration {
+	if s.contentDedupe {
+		return fifoDedupeWindow
+	}
+	return 0
+}
 
 // RedeliveryHorizon returns the queue's message retention period: a message
 // received, processed and not deleted (a crash before the delete) can be
@@ -285,7 +307,9 @@ const settleTimeout = 30 * time.Second
 // visibility timeout, and stops renewing the visibility of the abandoned
 // ones, which reappear when it runs out. On a FIFO queue, a batch with a
 // retried or abandoned message also releases the group's messages received
-// after it, so the group is delivered again in order.
+// after it, so the group is delivered again in order. It returns an error
+// only when a delete or a visibility change may not have reached SQS (a
+// *DeleteError for deletes), and nil for a batch settled already.
 func (s *Source) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.Message, retry []consumer.Retry) error {
 	l, ok := b.SourceData.(*lane)
 	if !ok {
@@ -317,8 +341,11 @@ func (s *Source) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.
 
 	s.mu.Lock()
 	if l.inFlight != b {
+		// Settled already: the first Settle's outcome stands, and this one
+		// is not the source's to apply (consumer.Source's contract).
 		s.mu.Unlock()
-		return errors.New("sqs: Settle: batch is not in flight (settled twice?)")
+		s.log.Debug("sqs: Settle of a batch that is no longer in flight ignored", "queue", s.url, "lane", b.Lane)
+		return nil
 	}
 	l.inFlight = nil
 	for _, m := range b.Messages {
@@ -341,12 +368,23 @@ func (s *Source) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.
 	s.broadcast()
 	s.mu.Unlock()
 
-	// Wait for any renewal in progress, and stop further ones.
+	// Stop renewals; the messages handed back wait for a renewal in
+	// flight, so that their visibility change comes after it.
+	var renewals []<-chan struct{}
+	handedBack := make(map[*entry]bool, len(retried))
+	for _, c := range retried {
+		handedBack[c.e] = true
+	}
 	for _, m := range b.Messages {
-		m.SourceData.(*entry).markSettled()
+		e := m.SourceData.(*entry)
+		if ch := e.markSettled(); ch != nil && handedBack[e] {
+			renewals = append(renewals, ch)
+		}
 	}
 	for _, e := range released {
-		e.markSettled()
+		if ch := e.markSettled(); ch != nil && len(retried) > 0 {
+			renewals = append(renewals, ch)
+		}
 		if len(retried) > 0 {
 			// Later messages of the group come back no earlier than the
 			// retried one before them. After an abandon they simply run out
@@ -360,6 +398,12 @@ func (s *Source) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.
 
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
+	for _, ch := range renewals {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+	}
 	var errs []error
 	if err := s.changeVisibility(ctx, retried); err != nil {
 		errs = append(errs, fmt.Errorf("sqs: hand back %d retried messages: %w", len(retried), err))
@@ -370,10 +414,19 @@ func (s *Source) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.
 	return errors.Join(errs...)
 }
 
-func (e *entry) markSettled() {
+// markSettled stops renewals of e and returns the channel of a renewal in
+// flight (closed when it ends), or nil.
+func (e *entry) markSettled() <-chan struct{} {
 	e.mu.Lock()
+	defer e.mu.Unlock()
 	e.settled = true
-	e.mu.Unlock()
+	return e.renewing
+}
+
+func (e *entry) isSettled() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.settled
 }
 
 // Close stops receiving and renewing visibility, and hands back at once

@@ -22,11 +22,14 @@ const deleteAttempts = 3
 
 // heartbeat renews the visibility of every held message (received and not
 // yet settled) at most HeartbeatInterval after it was received or last
-// renewed.
+// renewed. Each lane's messages are renewed by calls of their own, which
+// the heartbeat does not wait for: a slow call delays only the messages in
+// it, which are skipped until it ends.
 func (s *Source) heartbeat() {
 	defer s.hbWG.Done()
 	tick := time.NewTicker(s.cfg.HeartbeatInterval / 2)
 	defer tick.Stop()
+	sem := make(chan struct{}, maxParallelCalls)
 	for {
 		select {
 		case <-s.ctx.Done():
@@ -37,74 +40,104 @@ func (s *Source) heartbeat() {
 		// renews each message at most one interval after the last time.
 		due := time.Now().Add(-s.cfg.HeartbeatInterval / 2).UnixNano()
 		s.mu.Lock()
-		var renew []*entry
+		byLane := map[string][]*entry{}
 		for e := range s.held {
-			if e.renewed.Load() <= due {
-				renew = append(renew, e)
+			if e.renewed.Load() <= due && e.startRenewal() {
+				byLane[e.msg.Lane] = append(byLane[e.msg.Lane], e)
 			}
 		}
 		s.mu.Unlock()
-		if len(renew) == 0 {
-			continue
+		for _, entries := range byLane {
+			for _, chunk := range chunks(entries, maxPerReceive) {
+				s.hbWG.Add(1)
+				go func() {
+					defer s.hbWG.Done()
+					defer endRenewal(chunk)
+					select {
+					case sem <- struct{}{}:
+					case <-s.ctx.Done():
+						return
+					}
+					defer func() { <-sem }()
+					ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HeartbeatInterval)
+					defer cancel()
+					s.renew(ctx, chunk)
+				}()
+			}
 		}
-		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HeartbeatInterval)
-		s.renew(ctx, renew)
-		cancel()
 	}
 }
 
-// renew extends the visibility of entries to VisibilityTimeout from now, ten
-// at a time, skipping any settled meanwhile.
+// startRenewal marks e as being renewed, unless it is settled or a renewal
+// of it is in flight already.
+func (e *entry) startRenewal() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.settled || e.renewing != nil {
+		return false
+	}
+	e.renewing = make(chan struct{})
+	return true
+}
+
+// endRenewal marks the renewals of entries as over.
+func endRenewal(entries []*entry) {
+	for _, e := range entries {
+		e.mu.Lock()
+		close(e.renewing)
+		e.renewing = nil
+		e.mu.Unlock()
+	}
+}
+
+// renew extends the visibility of entries (one lane's, being renewed) to
+// VisibilityTimeout from now, skipping any settled meanwhile.
 func (s *Source) renew(ctx context.Context, entries []*entry) {
 	timeout := int32(s.cfg.VisibilityTimeout / time.Second)
-	parallel(chunks(entries, maxPerReceive), func(chunk []*entry) {
-		var live []*entry
-		for _, e := range chunk {
-			e.mu.Lock()
-			if e.settled {
-				e.mu.Unlock()
-				continue
-			}
-			live = append(live, e) // unlocked below, after the call
+	var live []*entry
+	for _, e := range entries {
+		if !e.isSettled() {
+			live = append(live, e)
 		}
-		defer func() {
-			for _, e := range live {
-				e.mu.Unlock()
-			}
-		}()
-		if len(live) == 0 {
-			return
+	}
+	if len(live) == 0 {
+		return
+	}
+	sent := time.Now()
+	req := &sqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(s.url)}
+	for j, e := range live {
+		req.Entries = append(req.Entries, types.ChangeMessageVisibilityBatchRequestEntry{
+			Id: aws.String(strconv.Itoa(j)), ReceiptHandle: aws.String(e.receipt), VisibilityTimeout: timeout,
+		})
+	}
+	out, err := s.client.ChangeMessageVisibilityBatch(ctx, req)
+	if err != nil {
+		s.stats.heartbeatErrors.Add(int64(len(live)))
+		if s.ctx.Err() == nil {
+			s.log.Warn("sqs: visibility heartbeat failed; messages may be redelivered to another worker", "queue", s.url, "lane", live[0].msg.Lane, "messages", len(live), "err", err)
 		}
-		sent := time.Now()
-		req := &sqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(s.url)}
-		for j, e := range live {
-			req.Entries = append(req.Entries, types.ChangeMessageVisibilityBatchRequestEntry{
-				Id: aws.String(strconv.Itoa(j)), ReceiptHandle: aws.String(e.receipt), VisibilityTimeout: timeout,
-			})
+		return
+	}
+	failed := map[int]bool{}
+	for _, f := range out.Failed {
+		j, _ := strconv.Atoi(aws.ToString(f.Id))
+		if j < 0 || j >= len(live) {
+			continue
 		}
-		out, err := s.client.ChangeMessageVisibilityBatch(ctx, req)
-		if err != nil {
-			s.stats.heartbeatErrors.Add(int64(len(live)))
-			if ctx.Err() == nil || s.ctx.Err() == nil {
-				s.log.Warn("sqs: visibility heartbeat failed; messages may be redelivered to another worker", "queue", s.url, "messages", len(live), "err", err)
-			}
-			return
+		failed[j] = true
+		if live[j].isSettled() {
+			continue // deleted or handed back meanwhile
 		}
-		failed := map[int]bool{}
-		for _, f := range out.Failed {
-			j, _ := strconv.Atoi(aws.ToString(f.Id))
-			failed[j] = true
-			s.log.Warn("sqs: visibility heartbeat failed for a message", "queue", s.url, "message_id", live[j].info.MessageID,
-				"code", aws.ToString(f.Code), "err", aws.ToString(f.Message))
+		s.stats.heartbeatErrors.Add(1)
+		s.log.Warn("sqs: visibility heartbeat failed for a message", "queue", s.url, "message_id", live[j].info.MessageID,
+			"code", aws.ToString(f.Code), "err", aws.ToString(f.Message))
+	}
+	s.stats.renewed.Add(int64(len(live) - len(failed)))
+	for j, e := range live {
+		if !failed[j] {
+			e.renewed.Store(sent.UnixNano())
 		}
-		s.stats.heartbeatErrors.Add(int64(len(out.Failed)))
-		s.stats.renewed.Add(int64(len(live) - len(out.Failed)))
-		for j, e := range live {
-			if !failed[j] {
-				e.renewed.Store(sent.UnixNano())
-			}
-		}
-	})
+	}
 }
 
 // visibilityChange sets one delivery's visibility timeout.
