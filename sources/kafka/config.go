@@ -4,13 +4,13 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/internal/logx"
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 )
@@ -90,7 +90,8 @@ type Config struct {
 	// OffsetsTable is the offsets table's name. Defaults to "kafka_offsets".
 	OffsetsTable string
 
-	// Logger receives the source's logs. Defaults to discarding them.
+	// Logger receives the source's logs. Defaults to warnings and errors on
+	// stderr, so that a wrong address or a missing queue is seen.
 	Logger *slog.Logger
 }
 
@@ -163,7 +164,7 @@ func (c Config) withDefaults() Config {
 		c.OffsetsTable = "kafka_offsets"
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		c.Logger = logx.Default()
 	}
 	return c
 }

@@ -58,10 +58,21 @@ func (s *Source) run() {
 				return
 			}
 			s.log.Warn("kafka: consumer group", "group", s.cfg.Group, "err", err)
+			s.setGroupErr(err)
 			continue
 		}
+		s.setGroupErr(nil)
 		gen.Start(func(ctx context.Context) { s.runGeneration(ctx, gen) })
 	}
+}
+
+// setGroupErr records the group's last failure (nil once a generation
+// started), for Fetch to report.
+func (s *Source) setGroupErr(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.groupErr = err
+	s.notifyLocked()
 }
 
 // runGeneration owns the partitions assigned in gen until the generation

@@ -41,6 +41,9 @@ type Source struct {
 	rr     int     // round-robin position in lanes
 	wake   chan struct{}
 	closed bool
+	// groupErr is the consumer group's last failure (the brokers cannot be
+	// reached, the group cannot be joined), until a generation starts.
+	groupErr error
 	// counts carries Message.Attempt across generations: what this source
 	// delivered of each partition and has not seen committed.
 	counts map[topicPartition]*deliveryCounts
@@ -149,7 +152,11 @@ func (s *Source) Lag() map[string]int64 {
 
 // Fetch blocks until one assigned partition that has no batch in flight has
 // messages (fresh ones, or handed-back ones whose delay is over), and
-// returns up to max of them in offset order.
+// returns up to max of them in offset order. While no partition is assigned
+// and the consumer group keeps failing (wrong brokers, say), it returns the
+// group's error, so that the consumer reports it and can give up after
+// consumer.Config.SourceFailureTimeout. After Close it returns ErrClosed,
+// which is permanent.
 func (s *Source) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
 	if err := s.start(); err != nil {
 		return nil, err
@@ -171,7 +178,7 @@ func (s *Source) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
-			return nil, ErrClosed
+			return nil, consumer.Permanent(ErrClosed)
 		}
 		var next time.Time
 		for i := range s.lanes {
@@ -191,6 +198,10 @@ func (s *Source) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
 			l.inFlight = b
 			s.mu.Unlock()
 			return b, nil
+		}
+		if err := s.groupErr; err != nil && len(s.lanes) == 0 {
+			s.mu.Unlock()
+			return nil, fmt.Errorf("kafka: consumer group %q: %w", s.cfg.Group, err)
 		}
 		wake := s.waitChLocked()
 		s.mu.Unlock()

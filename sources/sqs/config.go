@@ -3,13 +3,13 @@ package sqs
 import (
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/internal/logx"
 )
 
 // DefaultIDAttribute is the message attribute that carries a standard
@@ -107,7 +107,8 @@ type Config struct {
 	// the consumer parks exhausted messages and they are deleted.
 	UseQueueRedrive bool
 
-	// Logger receives the source's logs. Defaults to discarding them.
+	// Logger receives the source's logs. Defaults to warnings and errors on
+	// stderr, so that a wrong address or a missing queue is seen.
 	Logger *slog.Logger
 }
 
@@ -157,7 +158,7 @@ func (c Config) withDefaults() Config {
 		c.IDAttribute = DefaultIDAttribute
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		c.Logger = logx.Default()
 	}
 	return c
 }
