@@ -32,10 +32,12 @@ type Message struct {
 	Lane string
 	// Ref locates this message in its source, such as "orders/3@1042" for a
 	// Kafka offset or an SQS MessageId. It is stable across redeliveries of
-	// the same stored message and is kept with parked messages.
+	// the same stored message, unique among the messages a source holds,
+	// and kept, byte for byte, with parked messages. See Source.
 	Ref string
-	// Attempt counts deliveries of this message to this consumer, starting
-	// at 1. Sources that know better (SQS ApproximateReceiveCount) say so.
+	// Attempt counts deliveries of this message, this one included, so it
+	// starts at 1; whether it survives a restart depends on the broker. See
+	// Source.
 	Attempt int
 
 	// ID is the source's default dedupe ID (an idempotency-key header, a
