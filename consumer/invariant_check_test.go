@@ -1,0 +1,263 @@
+package consumer_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/effectively-once/effectively/consumer"
+	"github.com/jackc/pgx/v5"
+)
+
+// The ledger check of an invariant run. Every logical message ends in
+// exactly one place:
+//
+//   - a good message (with all its producer copies) has exactly one effect,
+//     whose payload is the published value (nil stays NULL), and is not
+//     parked;
+//   - a poison message has no effect and is parked at least once. Each
+//     parked row is whole (its payload is the published value, nil stays
+//     NULL); a row parked with its marker is the only such row of its
+//     logical message (every later copy is a duplicate; a second row would
+//     be applied twice by a redrive); and every stored message the
+//     consumer reported parked has a row of its own (no parked row may be
+//     lost, whatever its ref);
+//   - with highwater, a sender's messages apply in seq order, and a parked
+//     poison message holds its sender back only until it is parked: its
+//     marker moves the mark past it, so the sender's later messages apply.
+//
+// Nothing else is in the effects or parked tables.
+
+type parkedEntry struct {
+	ID        int64
+	Reason    string
+	HasMarker bool
+	Payload   []byte
+	Copy      *string // the x-copy header
+}
+
+// check returns every broken invariant, each naming its message and what
+// happened to it.
+func (r *invRun) check(ctx context.Context) []string {
+	var problems []string
+	bad := func(l *logical, format string, args ...any) {
+		msg := fmt.Sprintf(format, args...)
+		if l != nil {
+			msg += "\n" + r.history(l)
+		}
+		problems = append(problems, msg)
+	}
+	byID := map[string]*logical{}
+	for _, l := range r.p.logicals {
+		byID[l.id] = l
+	}
+
+	// Effects.
+	rows, err := r.admin.Query(ctx, `SELECT logical, copy, sender, seq, payload FROM effects ORDER BY n`)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	effects := map[string]int{}
+	last := map[string]int64{}
+	var (
+		id, sender string
+		cp         int
+		seq        int64
+		payload    []byte
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &cp, &sender, &seq, &payload}, func() error {
+		l := byID[id]
+		if l == nil {
+			bad(nil, "an effect of unknown message %q", id)
+			return nil
+		}
+		effects[id]++
+		if !sameValue(payload, l.value) {
+			bad(l, "%s: effect (copy #%d) has payload %s, published %s", l.id, cp, showValue(payload), showValue(l.value))
+		}
+		if r.strat.ordered {
+			if seq <= last[sender] {
+				bad(l, "%s: %s#%d applied after %s#%d: out of its sender's order", l.id, sender, seq, sender, last[sender])
+			}
+			last[sender] = max(last[sender], seq)
+		}
+		return nil
+	}); err != nil {
+		r.t.Fatal(err)
+	}
+
+	// Parked rows.
+	rows, err = r.admin.Query(ctx, `SELECT id, reason, has_marker, payload,
+		    (SELECT h->>'value' FROM jsonb_array_elements(headers) h WHERE h->>'key' = 'x-copy' LIMIT 1)
+		FROM parked ORDER BY id`)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	parked, err := pgx.CollectRows(rows, pgx.RowToStructByPos[parkedEntry])
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	rowsOf := map[string][]parkedEntry{} // by logical
+	rowOfCopy := map[int]bool{}
+	for _, p := range parked {
+		var s *stored
+		if p.Copy != nil {
+			if i, err := strconv.Atoi(*p.Copy); err == nil && i >= 0 && i < len(r.p.stored) {
+				s = r.p.stored[i]
+			}
+		}
+		if s == nil {
+			bad(nil, "parked row %d is of no published message (x-copy header %v)", p.ID, p.Copy)
+			continue
+		}
+		l := s.logical
+		rowsOf[l.id] = append(rowsOf[l.id], p)
+		rowOfCopy[s.serial] = true
+		if !l.kind.poison() {
+			bad(l, "%s: good message parked (row %d, copy #%d, reason %s)", l.id, p.ID, s.serial, p.Reason)
+			continue
+		}
+		if !sameValue(p.Payload, l.value) {
+			bad(l, "%s: parked row %d (copy #%d) has payload %s, published %s", l.id, p.ID, s.serial, showValue(p.Payload), showValue(l.value))
+		}
+		if p.HasMarker != l.kind.withMarker() {
+			bad(l, "%s: parked row %d (copy #%d, %s) has has_marker=%v, want %v", l.id, p.ID, s.serial, l.kind, p.HasMarker, l.kind.withMarker())
+		}
+		if want := wantReasons(l.kind); !slices.Contains(want, p.Reason) {
+			bad(l, "%s: parked row %d (copy #%d, %s) has reason %q, want one of %q", l.id, p.ID, s.serial, l.kind, p.Reason, want)
+		}
+	}
+
+	// Every logical message in its one place.
+	for _, l := range r.p.logicals {
+		n, rs := effects[l.id], rowsOf[l.id]
+		switch {
+		case !l.kind.poison() && n == 0 && len(rs) == 0:
+			bad(l, "%s: good message lost: no effect and not parked", l.id)
+		case !l.kind.poison() && n != 1:
+			bad(l, "%s: good message has %d effects, want 1", l.id, n)
+		case l.kind.poison() && n != 0:
+			bad(l, "%s: %s message has %d effects, want 0", l.id, l.kind, n)
+		}
+		if l.kind.poison() && len(rs) == 0 {
+			bad(l, "%s: %s message lost: not parked", l.id, l.kind)
+		}
+		if markers := countMarkers(rs); markers > 1 {
+			bad(l, "%s: parked %d times with its marker; a redrive would apply it %d times", l.id, markers, markers)
+		}
+		for _, s := range l.copies {
+			if r.reported[s.serial] && !rowOfCopy[s.serial] {
+				bad(l, "%s: copy #%d (ref %s) was parked (the consumer reported it), but no parked row holds it", l.id, s.serial, r.refOf(s))
+			}
+		}
+	}
+	for _, v := range r.violations {
+		problems = append(problems, "handler saw: "+v)
+	}
+	return problems
+}
+
+func wantReasons(k kind) []string {
+	switch k {
+	case poisonPermanent:
+		return []string{consumer.ReasonPermanent}
+	case poisonExhaust:
+		return []string{consumer.ReasonMaxAttempts}
+	case poisonKey:
+		return []string{consumer.ReasonInvalidKey}
+	}
+	// A failure at COMMIT: retried and then parked; whether the engine
+	// calls it permanent is its choice.
+	return []string{consumer.ReasonMaxAttempts, consumer.ReasonPermanent}
+}
+
+func countMarkers(rs []parkedEntry) int {
+	n := 0
+	for _, p := range rs {
+		if p.HasMarker {
+			n++
+		}
+	}
+	return n
+}
+
+// sameValue reports whether a stored value is the published one, nil and
+// empty being different.
+func sameValue(got, want []byte) bool {
+	return (got == nil) == (want == nil) && bytes.Equal(got, want)
+}
+
+// refOf returns the ref the broker gave s, quoted.
+func (r *invRun) refOf(s *stored) string { return quoteRef(r.refs[s.serial]) }
+
+// history describes a logical message and what happened to each of its copies.
+func (r *invRun) history(l *logical) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b strings.Builder
+	fmt.Fprintf(&b, "    %s: %s, sender %s seq %d, value %s, transient failures %d, %d copies\n",
+		l.id, l.kind, l.sender, l.seq, showValue(l.value), l.transient, len(l.copies))
+	for _, s := range l.copies {
+		var faults []string
+		for a, f := range s.faults {
+			faults = append(faults, fmt.Sprintf("%s at attempt %d", f, a))
+		}
+		slices.Sort(faults)
+		fmt.Fprintf(&b, "      copy #%d in lane %d at %d of %d, ref %s, faults %v:\n", s.serial, s.lane,
+			indexOf(r.p.order[s.lane], s), len(r.p.order[s.lane]), quoteRef(r.refs[s.serial]), faults)
+		for _, e := range r.events[s.serial] {
+			fmt.Fprintf(&b, "        %s\n", e)
+		}
+	}
+	return strings.TrimRight(b.String(), "\n")
+}
+
+// stuckReport describes what a stuck run is waiting for: the first few
+// unacknowledged messages of each lane, the first of them being what holds
+// the lane.
+func (r *invRun) stuckReport() string {
+	var b strings.Builder
+	pending := r.broker.Pending()
+	fmt.Fprintf(&b, "%d messages unacknowledged", len(pending))
+	b.WriteString(r.activity())
+	seen := map[string]bool{}
+	perLane := map[string]int{}
+	for _, p := range pending {
+		s := r.storedOf(&p.Message)
+		if s == nil || seen[s.logical.id] {
+			continue
+		}
+		seen[s.logical.id] = true
+		if perLane[p.Message.Lane]++; perLane[p.Message.Lane] > 3 {
+			continue
+		}
+		fmt.Fprintf(&b, "\n  %s, unacknowledged #%d: copy #%d, %d deliveries, in flight %v\n%s",
+			p.Message.Lane, perLane[p.Message.Lane], s.serial, p.Deliveries, p.InFlight, r.history(s.logical))
+	}
+	return b.String()
+}
+
+// activity describes the consumer's backends that are not idle.
+func (r *invRun) activity() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rows, err := r.admin.Query(ctx, `SELECT pid, coalesce(state, ''), coalesce(wait_event_type || ':' || wait_event, '') || ' ' || application_name, left(query, 120)
+		FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`, r.app)
+	if err != nil {
+		return fmt.Sprintf("\n  pg_stat_activity: %v", err)
+	}
+	var b strings.Builder
+	var pid int
+	var state, wait, query string
+	if _, err := pgx.ForEachRow(rows, []any{&pid, &state, &wait, &query}, func() error {
+		fmt.Fprintf(&b, "\n  backend %d %s %s: %s", pid, state, wait, query)
+		return nil
+	}); err != nil {
+		fmt.Fprintf(&b, "\n  pg_stat_activity: %v", err)
+	}
+	return b.String()
+}
