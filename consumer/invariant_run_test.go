@@ -72,7 +72,7 @@ type invRun struct {
 	t      *testing.T
 	p      *plan
 	strat  invStrategy
-	batch  bool // BatchHandler rather than Handler
+	batch  bool   // BatchHandler rather than Handler
 	schema string // holds every table of the run
 	app    string // application_name of the consumer's connections: the only ones killed
 	pool   *pgxpool.Pool
