@@ -48,6 +48,9 @@ func (r *invRun) check(ctx context.Context) []string {
 		msg := fmt.Sprintf(format, args...)
 		if l != nil {
 			msg += "\n" + r.history(l)
+			if r.strat.ordered {
+				msg += r.neighbours(l)
+			}
 		}
 		problems = append(problems, msg)
 	}
@@ -214,6 +217,18 @@ func (r *invRun) history(l *logical) string {
 		}
 	}
 	return strings.TrimRight(b.String(), "\n")
+}
+
+// neighbours describes the messages of l's sender just before and after
+// it: with sequences, what happened to one depends on them.
+func (r *invRun) neighbours(l *logical) string {
+	var b strings.Builder
+	for _, o := range r.p.logicals {
+		if o != l && o.sender == l.sender && o.kind != poisonKey && o.seq >= l.seq-2 && o.seq <= l.seq+2 {
+			fmt.Fprintf(&b, "\n    its sender's\n%s", r.history(o))
+		}
+	}
+	return b.String()
 }
 
 // stuckReport describes what a stuck run is waiting for: the first few

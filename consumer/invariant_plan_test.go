@@ -79,8 +79,11 @@ type logical struct {
 	sender string
 	seq    int64 // 0 for poisonKey
 	value  []byte
-	// transient: the handler fails on every delivery whose Attempt is at
-	// most this (good messages only).
+	// transient: the handler fails this many deliveries of the message (of
+	// any of its copies), and only deliveries with an Attempt of at most
+	// transientAttempts, so that no good message runs out of attempts
+	// (good messages only). A delivery that failed fails every time its
+	// batch runs it.
 	transient int
 	copies    []*stored
 }
@@ -154,7 +157,7 @@ const (
 func newPlan(seed uint64, o planOptions) *plan {
 	rng := rand.New(rand.NewPCG(seed, 0x1a7a41a7))
 	p := &plan{seed: seed, lanes: planLanes, killAllAt: map[int]bool{}}
-	p.batchSize = []int{1, 4, 10, 25, 60}[rng.IntN(5)]
+	p.batchSize = []int{1, 4, 5, 6, 8, 10, 16, 50}[rng.IntN(8)]
 	p.dupRate = 0.1 + 0.2*rng.Float64()
 	if !o.noLostAcks {
 		p.lostAck = 0.03 + 0.07*rng.Float64()
@@ -166,7 +169,7 @@ func newPlan(seed uint64, o planOptions) *plan {
 
 	// Logical messages: n per run, numbered per sender without holes (strict
 	// highwater needs that), with a few of each poison kind at random places.
-	n := 80 + rng.IntN(60)
+	n := 50 + rng.IntN(50)
 	if p.batchSize == 1 {
 		n /= 2 // a transaction per delivery
 	}
@@ -214,7 +217,7 @@ func newPlan(seed uint64, o planOptions) *plan {
 		default:
 			l.value = fmt.Appendf(nil, `{"id":%q,"sender":%q,"seq":%d}`, l.id, l.sender, l.seq)
 		}
-		if l.kind == good && !o.noRetryable && rng.IntN(100) < 12 {
+		if l.kind == good && !o.noRetryable && rng.IntN(100) < 25 {
 			l.transient = 1 + rng.IntN(2)
 		}
 	}
@@ -268,9 +271,9 @@ func newPlan(seed uint64, o planOptions) *plan {
 			copies := 0
 			if !o.noCopies {
 				switch r := rng.IntN(100); {
-				case r < 8:
+				case r < 10:
 					copies = 2
-				case r < 35:
+				case r < 50:
 					copies = 1
 				}
 				if orig.logical.kind.poison() && rng.IntN(2) == 0 {
@@ -278,7 +281,13 @@ func newPlan(seed uint64, o planOptions) *plan {
 				}
 			}
 			for range copies {
-				at := indexOf(seq, orig) + 1 + rng.IntN(len(seq)-indexOf(seq, orig))
+				// Mostly soon after the original, as a producer's retry is;
+				// sometimes anywhere later.
+				i := indexOf(seq, orig)
+				at := i + 1 + rng.IntN(len(seq)-i)
+				if rng.IntN(10) < 7 {
+					at = min(len(seq), i+1+rng.IntN(6))
+				}
 				c := p.newStored(orig.logical, lane)
 				seq = append(seq[:at], append([]*stored{c}, seq[at:]...)...)
 			}

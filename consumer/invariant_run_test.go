@@ -46,7 +46,7 @@ var invStrategies = []invStrategy{
 	{name: "bloom", make: func(schema string) (dedupe.Strategy, error) {
 		// A short retention: at start-up the strategy builds the filter of
 		// every slice in it, one transaction each.
-		return bloom.New(bloom.Config{Schema: schema, Slice: time.Minute, Retention: 10 * time.Minute, ExpectedKeysPerSlice: 10_000})
+		return bloom.New(bloom.Config{Schema: schema, Slice: time.Minute, Retention: 3 * time.Minute, ExpectedKeysPerSlice: 10_000})
 	}},
 }
 
@@ -85,6 +85,8 @@ type invRun struct {
 	mu          sync.Mutex
 	refs        map[int]string  // serial → the ref the broker gave it
 	fired       map[[2]int]bool // (serial, attempt) of faults that struck
+	failedOnce  map[[2]int]bool // (serial, attempt) of deliveries that failed transiently
+	transients  map[string]int  // by logical message: deliveries that failed transiently
 	events      map[int][]string
 	reported    map[int]bool // serials the hook saw parked
 	violations  []string
@@ -267,7 +269,7 @@ CREATE CONSTRAINT TRIGGER effects_stall AFTER INSERT ON effects DEFERRABLE INITI
 			Lanes: p.lanes, DuplicateRate: p.dupRate, LostAckRate: p.lostAck, Seed: p.seed,
 			BinaryRefs: p.binary, RestartOffsetsEvery: p.recurEach,
 		}),
-		fired: map[[2]int]bool{}, events: map[int][]string{}, reported: map[int]bool{},
+		fired: map[[2]int]bool{}, failedOnce: map[[2]int]bool{}, transients: map[string]int{}, events: map[int][]string{}, reported: map[int]bool{},
 		commitKills: map[string][]*commitKill{}, abandoned: map[string][]*stored{},
 	}
 	for lane, seq := range p.order {
@@ -328,6 +330,33 @@ func (r *invRun) strike(s *stored, attempt int, f fault) bool {
 		r.stats.dropCommit++
 	}
 	r.event(s, "%s", f)
+	return true
+}
+
+// transientAttempts bounds the deliveries a transient failure strikes: far
+// below invMaxAttempts.
+const transientAttempts = 4
+
+// transient reports whether this delivery of s fails transiently: one of
+// the first l.transient deliveries of its logical message to reach the
+// handler, over all copies (so a copy may succeed where the original
+// failed), while its Attempt is low.
+func (r *invRun) transient(s *stored, attempt int) bool {
+	l := s.logical
+	if l.transient == 0 {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := [2]int{s.serial, attempt}
+	if r.failedOnce[k] {
+		return true
+	}
+	if r.transients[l.id] >= l.transient || attempt > transientAttempts {
+		return false
+	}
+	r.transients[l.id]++
+	r.failedOnce[k] = true
 	return true
 }
 
@@ -406,8 +435,8 @@ func (r *invRun) effect(tx pgx.Tx, m *consumer.Message) (effectRow, error) {
 		return effectRow{}, consumer.Permanent(fmt.Errorf("poison message %s", l.id))
 	case l.kind == poisonExhaust:
 		return effectRow{}, fmt.Errorf("poison message %s fails every time", l.id)
-	case m.Attempt <= l.transient:
-		return effectRow{}, fmt.Errorf("transient failure of %s (attempt %d)", l.id, m.Attempt)
+	case r.transient(s, m.Attempt):
+		return effectRow{}, fmt.Errorf("transient failure of %s (copy #%d, attempt %d)", l.id, s.serial, m.Attempt)
 	}
 	row := effectRow{logical: l.id, copy: s.serial, sender: l.sender, seq: l.seq, payload: m.Value, account: "ok",
 		stall: r.pending(s, m.Attempt, killCommit)}
@@ -553,9 +582,12 @@ func (r *invRun) MessageDone(_ context.Context, m *consumer.Message, o consumer.
 	if o == consumer.OutcomeParked {
 		r.reported[s.serial] = true
 	}
-	if err != nil {
+	switch {
+	case err != nil:
 		r.event(s, "a%d %s: %v", m.Attempt, o, err)
-	} else {
+	case o == consumer.OutcomeRetried:
+		r.event(s, "a%d %s (waiting behind its sender's earlier message)", m.Attempt, o)
+	default:
 		r.event(s, "a%d %s", m.Attempt, o)
 	}
 }
