@@ -38,13 +38,35 @@ type parkedEntry struct {
 	HasMarker bool
 	Payload   []byte
 	Copy      *string // the x-copy header
+	Ref       string  // as text
 }
 
-// check returns every broken invariant, each naming its message and what
-// happened to it.
-func (r *invRun) check(ctx context.Context) []string {
-	var problems []string
-	bad := func(l *logical, format string, args ...any) {
+// problem is one broken invariant: its kind (one of problemKinds) and a
+// description naming the message and what happened to it.
+type problem struct {
+	kind, msg string
+}
+
+// problemKinds, most serious first: the order failures are shown in.
+var problemKinds = []string{
+	"lost",          // a message with no effect and no parked row
+	"effects",       // a message with the wrong number of effects
+	"row-lost",      // a parked delivery whose row is gone
+	"good-parked",   // a good message parked
+	"parked-twice",  // a message parked more than once with its marker
+	"order",         // a sender's messages applied out of order
+	"parked-value",  // a parked row whose payload is not the value
+	"effect-value",  // an effect whose payload is not the value
+	"marker",        // a parked row with the wrong has_marker
+	"reason",        // a parked row with the wrong reason
+	"unknown",       // a row of no published message
+	"handler-value", // a delivery whose value is not the published one
+}
+
+// check returns every broken invariant.
+func (r *invRun) check(ctx context.Context) []problem {
+	var problems []problem
+	bad := func(kind string, l *logical, format string, args ...any) {
 		msg := fmt.Sprintf(format, args...)
 		if l != nil {
 			msg += "\n" + r.history(l)
@@ -52,7 +74,7 @@ func (r *invRun) check(ctx context.Context) []string {
 				msg += r.neighbours(l)
 			}
 		}
-		problems = append(problems, msg)
+		problems = append(problems, problem{kind, msg})
 	}
 	byID := map[string]*logical{}
 	for _, l := range r.p.logicals {
@@ -75,16 +97,16 @@ func (r *invRun) check(ctx context.Context) []string {
 	if _, err := pgx.ForEachRow(rows, []any{&id, &cp, &sender, &seq, &payload}, func() error {
 		l := byID[id]
 		if l == nil {
-			bad(nil, "an effect of unknown message %q", id)
+			bad("unknown", nil, "an effect of unknown message %q", id)
 			return nil
 		}
 		effects[id]++
 		if !sameValue(payload, l.value) {
-			bad(l, "%s: effect (copy #%d) has payload %s, published %s", l.id, cp, showValue(payload), showValue(l.value))
+			bad("effect-value", l, "%s: effect (copy #%d) has payload %s, published %s", l.id, cp, showValue(payload), showValue(l.value))
 		}
 		if r.strat.ordered {
 			if seq <= last[sender] {
-				bad(l, "%s: %s#%d applied after %s#%d: out of its sender's order", l.id, sender, seq, sender, last[sender])
+				bad("order", l, "%s: %s#%d applied after %s#%d: out of its sender's order", l.id, sender, seq, sender, last[sender])
 			}
 			last[sender] = max(last[sender], seq)
 		}
@@ -95,7 +117,7 @@ func (r *invRun) check(ctx context.Context) []string {
 
 	// Parked rows.
 	rows, err = r.admin.Query(ctx, `SELECT id, reason, has_marker, payload,
-		    (SELECT h->>'value' FROM jsonb_array_elements(headers) h WHERE h->>'key' = 'x-copy' LIMIT 1)
+		    (SELECT h->>'value' FROM jsonb_array_elements(headers) h WHERE h->>'key' = 'x-copy' LIMIT 1), ref::text
 		FROM parked ORDER BY id`)
 	if err != nil {
 		r.t.Fatal(err)
@@ -114,54 +136,89 @@ func (r *invRun) check(ctx context.Context) []string {
 			}
 		}
 		if s == nil {
-			bad(nil, "parked row %d is of no published message (x-copy header %v)", p.ID, p.Copy)
+			bad("unknown", nil, "parked row %d is of no published message (x-copy header %v)", p.ID, p.Copy)
 			continue
 		}
 		l := s.logical
 		rowsOf[l.id] = append(rowsOf[l.id], p)
 		rowOfCopy[s.serial] = true
 		if !l.kind.poison() {
-			bad(l, "%s: good message parked (row %d, copy #%d, reason %s)", l.id, p.ID, s.serial, p.Reason)
+			bad("good-parked", l, "%s: good message parked (row %d, copy #%d, reason %s)", l.id, p.ID, s.serial, p.Reason)
 			continue
 		}
 		if !sameValue(p.Payload, l.value) {
-			bad(l, "%s: parked row %d (copy #%d) has payload %s, published %s", l.id, p.ID, s.serial, showValue(p.Payload), showValue(l.value))
+			bad("parked-value", l, "%s: parked row %d (copy #%d) has payload %s, published %s", l.id, p.ID, s.serial, showValue(p.Payload), showValue(l.value))
 		}
 		if p.HasMarker != l.kind.withMarker() {
-			bad(l, "%s: parked row %d (copy #%d, %s) has has_marker=%v, want %v", l.id, p.ID, s.serial, l.kind, p.HasMarker, l.kind.withMarker())
+			bad("marker", l, "%s: parked row %d (copy #%d, %s) has has_marker=%v, want %v", l.id, p.ID, s.serial, l.kind, p.HasMarker, l.kind.withMarker())
 		}
 		if want := wantReasons(l.kind); !slices.Contains(want, p.Reason) {
-			bad(l, "%s: parked row %d (copy #%d, %s) has reason %q, want one of %q", l.id, p.ID, s.serial, l.kind, p.Reason, want)
+			bad("reason", l, "%s: parked row %d (copy #%d, %s) has reason %q, want one of %q", l.id, p.ID, s.serial, l.kind, p.Reason, want)
 		}
 	}
 
-	// Every logical message in its one place.
+	// Every logical message in its one place. After a stuck run, a message
+	// the broker still holds may rightly be nowhere yet.
+	unsettled := map[*logical]bool{}
+	for _, pm := range r.broker.Pending() {
+		if s := r.storedOf(&pm.Message); s != nil {
+			unsettled[s.logical] = true
+		}
+	}
 	for _, l := range r.p.logicals {
 		n, rs := effects[l.id], rowsOf[l.id]
 		switch {
+		case unsettled[l] && n == 0 && len(rs) == 0:
+			// still to be delivered: see the stuck report
 		case !l.kind.poison() && n == 0 && len(rs) == 0:
-			bad(l, "%s: good message lost: no effect and not parked", l.id)
+			bad("lost", l, "%s: good message lost: no effect and not parked", l.id)
 		case !l.kind.poison() && n != 1:
-			bad(l, "%s: good message has %d effects, want 1", l.id, n)
+			bad("effects", l, "%s: good message has %d effects, want 1", l.id, n)
 		case l.kind.poison() && n != 0:
-			bad(l, "%s: %s message has %d effects, want 0", l.id, l.kind, n)
+			bad("effects", l, "%s: %s message has %d effects, want 0", l.id, l.kind, n)
 		}
-		if l.kind.poison() && len(rs) == 0 {
-			bad(l, "%s: %s message lost: not parked", l.id, l.kind)
+		if l.kind.poison() && len(rs) == 0 && !unsettled[l] {
+			bad("lost", l, "%s: %s message lost: not parked", l.id, l.kind)
 		}
 		if markers := countMarkers(rs); markers > 1 {
-			bad(l, "%s: parked %d times with its marker; a redrive would apply it %d times", l.id, markers, markers)
+			bad("parked-twice", l, "%s: parked %d times with its marker; a redrive would apply it %d times", l.id, markers, markers)
 		}
 		for _, s := range l.copies {
 			if r.reported[s.serial] && !rowOfCopy[s.serial] {
-				bad(l, "%s: copy #%d (ref %s) was parked (the consumer reported it), but no parked row holds it", l.id, s.serial, r.refOf(s))
+				bad("row-lost", l, "%s: copy #%d (ref %s) was parked (the consumer reported it), but no parked row holds it%s",
+					l.id, s.serial, r.refOf(s), r.sameRef(parked, r.refs[s.serial]))
 			}
 		}
 	}
 	for _, v := range r.violations {
-		problems = append(problems, "handler saw: "+v)
+		problems = append(problems, problem{"handler-value", "handler saw: " + v})
 	}
 	return problems
+}
+
+// sameRef names the parked rows whose ref is ref made valid text, the
+// way refs were stored when this test was written: the rows that took the
+// lost one's place.
+func (r *invRun) sameRef(parked []parkedEntry, ref string) string {
+	clean := strings.ReplaceAll(strings.ToValidUTF8(ref, "\uFFFD"), "\x00", "\uFFFD")
+	var out []string
+	for _, p := range parked {
+		if p.Ref != clean && p.Ref != ref {
+			continue
+		}
+		owner := "no published message"
+		if p.Copy != nil {
+			if i, err := strconv.Atoi(*p.Copy); err == nil && i >= 0 && i < len(r.p.stored) {
+				o := r.p.stored[i]
+				owner = fmt.Sprintf("copy #%d of %s (%s), ref %s", o.serial, o.logical.id, o.logical.kind, r.refOf(o))
+			}
+		}
+		out = append(out, fmt.Sprintf("row %d, of %s", p.ID, owner))
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return "; its ref, made valid text, is that of " + strings.Join(out, ", ")
 }
 
 func wantReasons(k kind) []string {

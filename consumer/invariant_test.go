@@ -111,16 +111,37 @@ func runInvariantSeed(t *testing.T, url string, seed uint64, opts planOptions, s
 	if stuck != "" {
 		t.Errorf("seed %d: %s; %s", seed, stuck, r.stuckReport())
 	}
-	problems := r.check(ctx)
-	const show = 8
-	for i, pr := range problems {
-		if i == show {
-			t.Errorf("seed %d: … and %d more problems", seed, len(problems)-show)
-			break
-		}
-		t.Errorf("seed %d: %s", seed, pr)
-	}
+	reportProblems(t, seed, r.check(ctx))
 	return r.stats
+}
+
+// reportProblems fails t with a count of the problems by kind, then the
+// first few of each kind, most serious first.
+func reportProblems(t *testing.T, seed uint64, problems []problem) {
+	if len(problems) == 0 {
+		return
+	}
+	byKind := map[string][]problem{}
+	for _, p := range problems {
+		byKind[p.kind] = append(byKind[p.kind], p)
+	}
+	var counts []string
+	for _, k := range problemKinds {
+		if n := len(byKind[k]); n > 0 {
+			counts = append(counts, fmt.Sprintf("%d %s", n, k))
+		}
+	}
+	t.Errorf("seed %d: %d problems: %s", seed, len(problems), strings.Join(counts, ", "))
+	shown := 0
+	for _, k := range problemKinds {
+		for i, p := range byKind[k] {
+			if i == 2 || shown == 8 {
+				break
+			}
+			t.Errorf("seed %d: %s", seed, p.msg)
+			shown++
+		}
+	}
 }
 
 // checkExercised fails if a configuration's runs, together, did not see
@@ -137,7 +158,7 @@ func checkExercised(t *testing.T, s invStats, off map[string]bool) {
 		{"drop-commit", s.dropCommit},
 		{"unknown-outcome", s.unknownOutcome},
 		{"kill-all", s.killAll},
-		{"crash", s.crash + s.broker.Crashes},
+		{"crash", s.crash},
 		{"lost-acks", s.broker.LostAcks},
 		{"parked", s.totals.Parked},
 		{"duplicates", s.totals.Duplicate},
