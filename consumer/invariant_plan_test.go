@@ -49,7 +49,7 @@ func (k kind) withMarker() bool { return k.poison() && k != poisonKey }
 type fault uint8
 
 const (
-	noFault fault = iota
+	_ fault = iota // no fault: the zero value of a delivery without one
 	// killHandler: the handler terminates its own connection's backend
 	// (from the admin connection) before writing.
 	killHandler

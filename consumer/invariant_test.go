@@ -14,17 +14,19 @@ import (
 )
 
 // TestInvariant is the promise, for every strategy and both handler shapes,
-// over many seeds: each seed plans a few hundred messages from 8 senders
-// over 4 lanes (a sender's messages in one lane, like a Kafka key), with
+// over many seeds: each seed plans 50 to 100 logical messages (some 80 to
+// 180 stored, with their copies) from 8 senders over 4 lanes (a sender's
+// messages in one lane, like a Kafka key), with
 //
 //   - producer copies (the same logical message stored again: a new Ref,
-//     the same key, sender and seq, and value) at random later places in
-//     the lane;
+//     the same key, sender and seq, and value) later in the lane, mostly
+//     soon after the original;
 //   - binary refs (differing only in NUL or invalid UTF-8 bytes) and
 //     recurring refs (a lane that restarts its offsets at 0);
 //   - nil and empty values;
-//   - handler failures: transient ones (a good message fails its first one
-//     or two deliveries), poison that fails permanently or every time, and
+//   - handler failures: transient ones (a good message fails one or two
+//     deliveries, of any of its copies), poison that fails permanently or
+//     every time, and
 //     poison whose row breaks a deferred foreign key, so that its COMMIT
 //     fails; and messages with no usable key;
 //   - connections terminated by pg_terminate_backend from an admin
