@@ -4,7 +4,7 @@ GO        ?= go
 STATICCHECK_VERSION ?= v0.8.2
 FAUXQS    := internal/fauxqs/node_modules/.package-lock.json
 
-.PHONY: test test-race test-short flake bench bench-expiry lint demo deps
+.PHONY: test test-race test-short flake soak bench bench-expiry lint demo deps
 
 ## test: the whole suite with the race detector (starts its own PostgreSQL, Kafka and SQS peers)
 test: test-race
@@ -19,6 +19,11 @@ test-short: deps
 ## flake: the whole suite five times over with the race detector, to catch flaky tests
 flake: deps
 	$(GO) test -race -count=5 -timeout 60m ./...
+
+## soak: the consumer's invariant test over SOAK_SEEDS seeds (default 200) per strategy and handler shape
+SOAK_SEEDS ?= 200
+soak:
+	INVARIANT_SEEDS=$(SOAK_SEEDS) $(GO) test -race -count=1 -timeout 4h -run '^TestInvariant$$' $(SOAK_FLAGS) ./consumer/
 
 ## deps: the pinned SQS emulator used by the tests
 deps: $(FAUXQS)

@@ -2,7 +2,9 @@
 // behaves like an at-least-once broker, for testing consumers and handlers
 // without Kafka or SQS: it delivers some messages twice, redelivers what a
 // crashed consumer had not acknowledged, loses acknowledgements, and honours
-// retry delays, while keeping each lane in order.
+// retry delays, while keeping each lane in order. On request its refs are
+// hostile: not valid text (BinaryRefs), or recurring when a lane restarts
+// its offsets (RestartOffsetsEvery).
 package consumertest
 
 import (
@@ -32,6 +34,16 @@ type Config struct {
 	Seed uint64
 	// Source is the Message.Source of delivered messages. Defaults to "test".
 	Source string
+	// BinaryRefs makes refs that are not valid text: the refs of four
+	// neighbouring messages of a lane differ only in a suffix of NUL bytes
+	// or bytes that are not valid UTF-8 (see Ref). Defaults to false: refs
+	// are "lane-N@offset".
+	BinaryRefs bool
+	// RestartOffsetsEvery makes each lane start its offsets again at 0
+	// after this many messages, as a Kafka topic that is deleted and created
+	// again does: refs recur, each naming several different messages over
+	// time. Defaults to 0: offsets never restart.
+	RestartOffsetsEvery int
 }
 
 // Stats counts what the broker did.
@@ -41,7 +53,7 @@ type Stats struct {
 
 type entry struct {
 	tmpl       consumer.Message
-	offset     int
+	offset     int // in the lane's current numbering: see Config.RestartOffsetsEvery
 	acked      bool
 	deliveries int
 }
@@ -105,9 +117,12 @@ func (b *Broker) Publish(laneIdx int, m consumer.Message) {
 	defer b.mu.Unlock()
 	l := b.lanes[laneIdx%len(b.lanes)]
 	e := &entry{tmpl: m, offset: len(l.log)}
+	if n := b.cfg.RestartOffsetsEvery; n > 0 {
+		e.offset %= n
+	}
 	e.tmpl.Source = b.cfg.Source
 	e.tmpl.Lane = l.name
-	e.tmpl.Ref = fmt.Sprintf("%s@%d", l.name, e.offset)
+	e.tmpl.Ref = Ref(l.name, e.offset, b.cfg.BinaryRefs)
 	if e.tmpl.Time.IsZero() {
 		e.tmpl.Time = time.Now()
 	}
@@ -275,7 +290,7 @@ func (b *Broker) take(max int) (*consumer.Batch, time.Duration) {
 		batch := &consumer.Batch{Lane: l.name, SourceData: batchData{epoch: b.epoch, lane: l}}
 		for _, e := range taken {
 			e.deliveries++
-			m := e.tmpl
+			m := e.delivery()
 			m.Attempt = e.deliveries
 			m.SourceData = e
 			batch.Messages = append(batch.Messages, &m)
