@@ -23,7 +23,11 @@ func TestEveryStrategyThroughTheConsumer(t *testing.T) {
 		"highwater": func() (dedupe.Strategy, error) {
 			return highwater.New(highwater.Config{Mode: highwater.Monotonic})
 		},
-		"bloom": func() (dedupe.Strategy, error) { return bloom.New(bloom.Config{Slice: time.Minute}) },
+		// An hour of one-minute slices: the default retention of a week
+		// would be 10,000 partitions, each sealed at start-up.
+		"bloom": func() (dedupe.Strategy, error) {
+			return bloom.New(bloom.Config{Slice: time.Minute, Retention: time.Hour})
+		},
 	}
 	for name, mk := range strategies {
 		t.Run(name, func(t *testing.T) {

@@ -41,7 +41,9 @@ func TestSaturatedFilter(t *testing.T) {
 // close to the 1% target.
 func TestFalsePositiveRate(t *testing.T) {
 	t.Parallel()
-	cfg := bloom.Config{Slice: time.Second, Retention: time.Minute, PartitionsAhead: 30}
+	// Partitions for two minutes ahead: the claims run without maintenance,
+	// and on a busy machine they outlast half a minute.
+	cfg := bloom.Config{Slice: time.Second, Retention: time.Minute, PartitionsAhead: 120}
 	s, pool := setup(t, cfg)
 	claimAll(t, s, pool, keyRange("fp", 0, 20_000), 1000)
 	waitForNextSlice(time.Second)

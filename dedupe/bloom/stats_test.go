@@ -23,7 +23,9 @@ import (
 func TestStatsWithConcurrentClaimers(t *testing.T) {
 	t.Parallel()
 	const slice = 2 * time.Second
-	cfg := bloom.Config{Slice: slice, Retention: time.Minute, FalsePositiveRate: 1e-9, PartitionsAhead: 3}
+	// Partitions for two minutes ahead: the claims run without maintenance,
+	// and on a busy machine they outlast a few slices.
+	cfg := bloom.Config{Slice: slice, Retention: time.Minute, FalsePositiveRate: 1e-9, PartitionsAhead: 60}
 	s, pool := setup(t, cfg)
 	ctx := context.Background()
 	const lanes, claims, half, fresh = 4, 120, 5, 1_000_000
