@@ -126,7 +126,7 @@ func (c *Consumer) process(ctx context.Context, b *Batch) error {
 func (c *Consumer) deriveKeys(msgs []*Message) []*item {
 	items := make([]*item, len(msgs))
 	for i, m := range msgs {
-		it := &item{m: m, tries: c.waits.failures(m)}
+		it := &item{m: m}
 		items[i] = it
 		k, err := c.keyOf(m)
 		if err == nil {
@@ -146,6 +146,7 @@ func (c *Consumer) deriveKeys(msgs []*Message) []*item {
 		}
 		it.key, it.keyErr = k, err
 		m.DedupeKey = k
+		it.tries = c.waits.failures(m)
 	}
 	return items
 }

@@ -334,3 +334,34 @@ func highwaterKeyWithSeqIDs(m *consumer.Message) (dedupe.Key, error) {
 	}
 	return seqKey(m)
 }
+
+// Two stored messages can share a Ref (a lane that restarted its offsets).
+// The deliveries one spends waiting must not be taken off the other's
+// attempts: a poison message whose later seq waits behind it, under the
+// same Ref, still runs out of attempts and is parked, and the later seq
+// then applies.
+func TestRecurringRefDoesNotLendWaitsToAnotherMessage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, consumertest.Config{Lanes: 1, RestartOffsetsEvery: 1})
+	e.broker.Publish(0, seqMsg("s", 1))
+	e.broker.Publish(0, seqMsg("s", 2))
+	s, err := highwater.New(highwater.Config{Mode: highwater.Strict})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "s-1" {
+			return errors.New("poison s-1 fails every time")
+		}
+		return insertEffect(ctx, tx, m)
+	}
+	e.runUntilIdle(e.consumer(consumer.Config{Strategy: s, KeyFunc: seqKey, Handler: h, BatchSize: 1, Concurrency: 1,
+		MaxAttempts: 3, GapMaxAttempts: 100_000}), 30*time.Second)
+	parked := e.parked()
+	if len(parked) != 1 || string(parked[0].Payload) != "s-1" || parked[0].Reason != consumer.ReasonMaxAttempts {
+		t.Fatalf("parked %+v, want s-1 alone, out of attempts", parked)
+	}
+	if n := e.effectCounts()["s-2"]; n != 1 {
+		t.Fatalf("s-2 applied %d times, want 1", n)
+	}
+}

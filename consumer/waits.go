@@ -38,8 +38,16 @@ func newWaits() *waits {
 }
 
 // msgRef identifies a stored message across redeliveries; its lane may
-// change (an SQS standard queue's receiver), its Ref does not.
-func msgRef(m *Message) string { return m.Source + "\x00" + m.Ref }
+// change (an SQS standard queue's receiver), its Ref does not. A Ref can
+// recur (a topic deleted and created again restarts its offsets), so the
+// dedupe key and payload fingerprint, which the consumer derives before it
+// asks, tell apart two messages that share one: otherwise the waits of one
+// would be subtracted from the attempts of the other, which then never
+// runs out of them.
+func msgRef(m *Message) string {
+	k := m.DedupeKey
+	return m.Source + "\x00" + m.Ref + "\x00" + k.String() + "\x00" + string(k.Fingerprint)
+}
 
 // failures returns how many of m's deliveries (this one included) were
 // actual attempts, not waits.
