@@ -91,7 +91,7 @@ func TestEngineProducerDuplicates(t *testing.T) {
 		msgs = append(msgs, m)
 	}
 	msgs = append(msgs, msgs[:dups]...) // the producer's retried sends land later in the log
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if err := e.kafka.Produce(ctx, e.topic, msgs...); err != nil {
 		t.Fatal(err)
@@ -130,7 +130,7 @@ func TestEngineBadInput(t *testing.T) {
 		{Value: []byte(`{"amount":-1}`), Headers: []kafkago.Header{{Key: DefaultIDHeader, Value: []byte("evt-4")}}},
 		ok(5), ok(6), ok(7),
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if err := e.kafka.Produce(ctx, e.topic, msgs...); err != nil {
 		t.Fatal(err)

@@ -57,6 +57,12 @@ func (s *Source) run() {
 			if s.runCtx.Err() != nil || errors.Is(err, kafkago.ErrGroupClosed) {
 				return
 			}
+			if rebalancing(err) {
+				// The group is rebalancing: a normal part of membership,
+				// not a failure to report from Fetch.
+				s.log.Info("kafka: consumer group rebalancing", "group", s.cfg.Group, "err", err)
+				continue
+			}
 			s.log.Warn("kafka: consumer group", "group", s.cfg.Group, "err", err)
 			s.setGroupErr(err)
 			continue
@@ -64,6 +70,22 @@ func (s *Source) run() {
 		s.setGroupErr(nil)
 		gen.Start(func(ctx context.Context) { s.runGeneration(ctx, gen) })
 	}
+}
+
+// rebalancing reports whether err is the coordinator telling a member to
+// rejoin because the group is rebalancing (or its membership moved on):
+// kafka-go's Next returns these while a rebalance runs, and the member
+// rejoins at once.
+func rebalancing(err error) bool {
+	var ke kafkago.Error
+	if !errors.As(err, &ke) {
+		return false
+	}
+	switch ke {
+	case kafkago.RebalanceInProgress, kafkago.UnknownMemberId, kafkago.IllegalGeneration, kafkago.MemberIDRequired:
+		return true
+	}
+	return false
 }
 
 // setGroupErr records the group's last failure (nil once a generation

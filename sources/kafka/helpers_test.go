@@ -3,7 +3,6 @@ package kafka
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
@@ -37,7 +36,7 @@ func newEnv(t *testing.T, partitions int) *env {
 		t: t, kafka: kafkatest.New(t), topic: kafkatest.Name("orders"), group: kafkatest.Name("ledger"),
 		partitions: partitions, pool: pgtest.NewPool(t),
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if err := e.kafka.CreateTopic(ctx, e.topic, partitions); err != nil {
 		t.Fatal(err)
@@ -107,7 +106,7 @@ func (e *env) produce(from, to int) {
 			Headers:   []kafkago.Header{{Key: DefaultIDHeader, Value: []byte("k-" + v)}},
 		})
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if err := e.kafka.Produce(ctx, e.topic, msgs...); err != nil {
 		e.t.Fatal(err)
@@ -223,17 +222,37 @@ func (e *env) effects() (rows, distinct int) {
 	return rows, distinct
 }
 
-// waitEffects waits until n distinct messages have an effect.
-func (e *env) waitEffects(n int, timeout time.Duration) {
+// waitEffects waits until n distinct messages have an effect. It fails
+// when no new effect appeared for stall (stretched by patience): it waits
+// on progress, not on wall time, since a slow machine is not a stuck lane.
+func (e *env) waitEffects(n int, stall time.Duration) {
 	e.t.Helper()
-	waitFor(e.t, timeout, fmt.Sprintf("%d distinct effects", n), func() bool {
-		_, d := e.effects()
-		return d >= n
-	})
+	stall *= patience
+	last, since := -1, time.Now()
+	for {
+		rows, d := e.effects()
+		if d >= n {
+			return
+		}
+		if d > last {
+			last, since = d, time.Now()
+		} else if time.Since(since) > stall {
+			e.t.Fatalf("waiting for %d distinct effects: stuck at %d (%d rows) for %s", n, d, rows, stall)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
+// patience stretches the deadlines of these tests. A passing test returns
+// as soon as its condition holds, so a long deadline costs it nothing,
+// while a tight one fails on a slow or shared machine.
+const patience = 4
+
+// waitFor polls cond until it holds, failing after timeout (stretched by
+// patience).
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	timeout *= patience
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {

@@ -43,7 +43,7 @@ func TestEngineSequenceHeaders(t *testing.T) {
 			}
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if err := e.kafka.Produce(ctx, e.topic, msgs...); err != nil {
 		t.Fatal(err)

@@ -10,7 +10,7 @@ import (
 
 func TestRedeliveryHorizon(t *testing.T) {
 	k := kafkatest.New(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	short, long := kafkatest.Name("short"), kafkatest.Name("long")
 	if err := k.CreateTopic(ctx, short, 1, 2*time.Hour); err != nil {

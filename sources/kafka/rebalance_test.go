@@ -21,7 +21,7 @@ func TestRebalance(t *testing.T) {
 		n = 20_000
 	}
 	e := newEnv(t, 6)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 
 	// produce writes messages up to the given fraction of n while the
@@ -78,7 +78,7 @@ func TestRebalance(t *testing.T) {
 func TestZombie(t *testing.T) {
 	e := newEnv(t, 1)
 	e.produce(0, 100)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	quick := func(c *Config) {
 		c.RebalanceTimeout = time.Second
@@ -122,7 +122,7 @@ func TestZombie(t *testing.T) {
 func TestZombieInPostgres(t *testing.T) {
 	e := newEnv(t, 1)
 	e.produce(0, 20)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	a := e.source()
 	old, err := a.Fetch(ctx, 10)
@@ -157,7 +157,7 @@ func TestZombieInPostgres(t *testing.T) {
 func TestCrashAfterPostgresCommit(t *testing.T) {
 	e := newEnv(t, 1)
 	e.produce(0, 50)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	a := e.source()
 	// Four batches: the first three are settled, the fourth commits in

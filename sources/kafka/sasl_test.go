@@ -22,7 +22,7 @@ func TestSASL(t *testing.T) {
 	mech := plain.Mechanism{Username: "ledger", Password: "s3cret"}
 	k := kafkatest.New(t, kfake.EnableSASL(), kfake.Superuser("PLAIN", "ledger", "s3cret"))
 	k.UseSASL(mech)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	topic := kafkatest.Name("secure")
 	if err := k.CreateTopic(ctx, topic, 1, time.Hour); err != nil {

@@ -73,7 +73,7 @@ type noDB struct{ DB }
 
 func TestMessageFields(t *testing.T) {
 	e := newEnv(t, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	err := e.kafka.Produce(ctx, e.topic,
 		kafkago.Message{Partition: 1, Key: []byte("acct-1"), Value: []byte("a"), Headers: []kafkago.Header{{Key: "idempotency-key", Value: []byte("evt-1")}, {Key: "trace", Value: []byte("x")}}},
@@ -215,7 +215,7 @@ func TestRetryRedelivery(t *testing.T) {
 	e := newEnv(t, 1)
 	e.produce(0, 10)
 	s := e.source()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
 	seen := 0
@@ -289,7 +289,7 @@ func TestOneBatchPerLane(t *testing.T) {
 	e := newEnv(t, 1)
 	e.produce(0, 20)
 	s := e.source()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	first, err := s.Fetch(ctx, 5)
 	if err != nil {
@@ -330,7 +330,7 @@ func TestLag(t *testing.T) {
 	e := newEnv(t, 2)
 	e.produce(0, n)
 	s := e.source()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	b, err := s.Fetch(ctx, 10)
 	if err != nil {

@@ -30,7 +30,7 @@ func TestSourceConformance(t *testing.T) {
 							recs[i].Headers = append(recs[i].Headers, kafkago.Header{Key: h.Key, Value: h.Value})
 						}
 					}
-					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 					defer cancel()
 					if err := e.kafka.Produce(ctx, e.topic, recs...); err != nil {
 						t.Fatal(err)
@@ -53,7 +53,7 @@ func TestSourceConformance(t *testing.T) {
 // ends, so that no further rebalance follows.
 func (e *env) rebalance(s *Source) {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	other := kafkatest.Name("other")
 	if err := e.kafka.CreateTopic(ctx, other, 1); err != nil {

@@ -16,7 +16,7 @@ import (
 // documentation says the same.
 func TestNullAndEmptyValues(t *testing.T) {
 	e := newEnv(t, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
 	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kafka.Brokers()...), kgo.DefaultProduceTopic(e.topic),
