@@ -364,7 +364,10 @@ func (f *fetcher) decode(p *fetchapi.ResponsePartition) (fetchResult, error) {
 	if out.next == from && len(batches) > 0 {
 		// The response held batches but no record at or after the offset:
 		// the log cleaner emptied the end of a batch (its last records
-		// were compacted away). No record lives at this offset.
+		// were compacted away). No record lives at this offset; kafka-go
+		// does not decode where the batch ends, so step over it one
+		// offset at a time.
+		f.log.Debug("kafka: no record at the offset in the fetched batches; moving on", "lane", f.lane, "offset", from)
 		out.next = from + 1
 	}
 	if out.next == from && len(batches) == 0 {
