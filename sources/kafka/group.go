@@ -270,10 +270,8 @@ func (s *Source) pump(ctx context.Context, l *lane, f *fetcher) {
 			continue
 		}
 		failures = 0
-		for i := range res.records {
-			if !s.buffer(ctx, l, newDelivery(l, &res.records[i], s.cfg.IDHeader)) {
-				return
-			}
+		if !s.buffer(ctx, l, res.records) {
+			return
 		}
 		s.mu.Lock()
 		if l.state != laneActive {
@@ -288,32 +286,42 @@ func (s *Source) pump(ctx context.Context, l *lane, f *fetcher) {
 	}
 }
 
-// buffer appends d to l's buffer, waiting while it is full; false when the
-// lane was revoked or ctx is done.
-func (s *Source) buffer(ctx context.Context, l *lane, d *delivery) bool {
+// buffer appends recs to l's buffer, waiting while it is full; false when
+// the lane was revoked or ctx is done.
+func (s *Source) buffer(ctx context.Context, l *lane, recs []fetchedRecord) bool {
+	ds := make([]*delivery, len(recs))
+	for i := range recs {
+		ds[i] = newDelivery(l, &recs[i], s.cfg.IDHeader)
+	}
 	s.mu.Lock()
-	d.msg.Attempt = s.firstAttempt(l, d.offset)
-	for l.state == laneActive && len(l.buf) >= s.cfg.PartitionBuffer {
-		if !l.full {
-			l.full = true
-			l.space = make(chan struct{})
+	defer s.mu.Unlock()
+	for len(ds) > 0 {
+		for l.state == laneActive && len(l.buf) >= s.cfg.PartitionBuffer {
+			if !l.full {
+				l.full = true
+				l.space = make(chan struct{})
+			}
+			space := l.space
+			s.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				s.mu.Lock()
+				return false
+			case <-space:
+			}
+			s.mu.Lock()
 		}
-		space := l.space
-		s.mu.Unlock()
-		select {
-		case <-ctx.Done():
+		if l.state != laneActive {
 			return false
-		case <-space:
 		}
-		s.mu.Lock()
+		n := min(s.cfg.PartitionBuffer-len(l.buf), len(ds))
+		for _, d := range ds[:n] {
+			d.msg.Attempt = s.firstAttempt(l, d.offset)
+		}
+		l.buf = append(l.buf, ds[:n]...)
+		ds = ds[n:]
+		s.notifyLocked()
 	}
-	if l.state != laneActive {
-		s.mu.Unlock()
-		return false
-	}
-	l.buf = append(l.buf, d)
-	s.notifyLocked()
-	s.mu.Unlock()
 	return true
 }
 
