@@ -49,8 +49,16 @@ type Config struct {
 	MaxBytes int
 	// MaxWait is how long a fetch waits for MinBytes. Defaults to 500ms.
 	MaxWait time.Duration
-	// ReadCommitted reads only committed records of transactional
-	// producers. Defaults to false (read uncommitted, kafka-go's default).
+	// ReadUncommitted also delivers the records of transactions that were
+	// aborted or are still open. Defaults to false: read-committed, only
+	// records of committed transactions and of producers without
+	// transactions are delivered (see "Transactions" in the package
+	// documentation). Control records are never delivered.
+	ReadUncommitted bool
+	// ReadCommitted is the default isolation.
+	//
+	// Deprecated: reading committed records is the default; setting this
+	// has no effect beyond that. Use ReadUncommitted for the other level.
 	ReadCommitted bool
 	// PartitionBuffer is how many fetched messages are held per partition
 	// ahead of the consumer. Defaults to 1000.
@@ -214,6 +222,8 @@ func (c Config) validate() error {
 		return bad("MinBytes", "%d is more than MaxBytes %d", c.MinBytes, c.MaxBytes)
 	case c.MaxWait < 0:
 		return bad("MaxWait", "must not be negative, got %s", c.MaxWait)
+	case c.ReadCommitted && c.ReadUncommitted:
+		return bad("ReadUncommitted", "contradicts ReadCommitted (which is the default and can be left out)")
 	case c.PartitionBuffer < 0:
 		return bad("PartitionBuffer", "must not be negative, got %d", c.PartitionBuffer)
 	case c.SessionTimeout < 0:

@@ -1,5 +1,8 @@
 // Package kafka is a consumer.Source over a Kafka consumer group, built on
-// segmentio/kafka-go's ConsumerGroup and Generation API.
+// segmentio/kafka-go: its ConsumerGroup and Generation API for membership
+// and assignments, and its protocol layer (Fetch requests sent through a
+// kafka-go Transport, with Config.TLS, Config.SASL, Config.ClientID and
+// Config.DialTimeout) to read the partitions.
 //
 // Every assigned partition is a lane: partitions are processed in parallel,
 // records of one partition in offset order, and a partition never has more
@@ -82,24 +85,61 @@
 // Settle returns nil, also for a batch of a partition this consumer no
 // longer owns, whose records the partition's owner delivers again.
 //
+// # Transactions
+//
+// Records written by transactional producers are read with read-committed
+// isolation by default: only records of committed transactions, and
+// records of producers that use no transactions, are delivered. A record
+// of an aborted transaction applied would be an effect of something that
+// never happened. Config.ReadUncommitted also delivers the records of
+// aborted transactions, and those of open ones as soon as they are written.
+//
+// The broker leaves part of that work to the client, so the source reads
+// the record batches itself: control records (the commit and abort markers
+// that end every transaction) are never delivered, under any isolation,
+// and under read-committed the batches of aborted transactions are dropped
+// as Kafka's Java consumer drops them, from the aborted transactions the
+// broker lists with every fetch (a producer's batches count as aborted from
+// its transaction's first offset until its abort marker). Under
+// read-committed the broker returns nothing past the first offset of the
+// oldest transaction still open on the partition, so an open transaction
+// holds the partition back until it ends.
+//
+// Dropped records are settled like delivered ones, without reaching the
+// consumer: a partition's commit point moves past the records dropped after
+// a delivered record as soon as that record settles, and past dropped
+// records at the end of what was fetched (a partition whose last records
+// are markers or an aborted transaction) once nothing before them is in
+// flight, waiting for a retry or buffered. The source then stores that
+// offset in the offsets table in a transaction of its own, fenced by the
+// generation like BeforeCommit, so a restart does not fetch those records
+// again and Lag reaches 0. Offsets, and Message.Ref, still count every
+// record, so the offsets of delivered messages can have gaps.
+//
+// Batches compressed with gzip, snappy, lz4 or zstd are decoded with
+// kafka-go's codecs.
+//
 // # Null and empty values
 //
 // Kafka tells a null value (a tombstone: on a compacted topic, "delete this
-// key") from an empty one, and a null key from an empty key. This source
-// reads records with kafka-go's Reader, which decodes both alike: a null
-// and an empty value both arrive as a nil Message.Value, a null and an
-// empty key both as a nil Message.Key, and null and empty header values
-// both as nil. A handler of a compacted topic should therefore treat a
-// zero-length value as a tombstone. The consumer engine keeps nil and
-// empty apart everywhere after the source (handler, parked table, redrive),
-// so once the source reports the difference it reaches the handler intact.
-// The dedupe fingerprint (dedupe.Fingerprint) hashes the value's bytes, so
-// a null and an empty value have the same fingerprint: a redelivery stays a
-// duplicate, not a mismatch, whichever way a version of the source reports
-// it.
+// key") from an empty one, a null key from an empty key, and a null header
+// value from an empty one. So does this source: a null arrives as nil
+// (Message.Value, Message.Key, a header's Value), an empty one as a non-nil
+// empty slice. The consumer engine keeps nil and empty apart everywhere
+// after the source (handler, parked table, redrive), so a handler of a
+// compacted topic can test m.Value == nil for a tombstone. The dedupe
+// fingerprint (dedupe.Fingerprint) hashes the value's bytes, so a null and
+// an empty value have the same fingerprint: a redelivery stays a
+// duplicate, not a mismatch, also of a record delivered by a version of the
+// source that did not tell them apart.
 //
-// A partition whose stored offset lies past the end of its log (the topic
-// was deleted and recreated) is not reset: kafka-go keeps waiting for that
-// offset and logs warnings. Delete the group's rows from the offsets table
-// to start such a partition over.
+// # Offsets out of range
+//
+// A partition whose position lies before the start of its log (retention
+// deleted the records) moves on to the first offset the log still has,
+// with a warning naming how many offsets were skipped. A partition whose
+// stored offset lies past the end of its log (the topic was deleted and
+// recreated) is not reset: the source keeps fetching from that offset and
+// logs warnings. Delete the group's rows from the offsets table to start
+// such a partition over.
 package kafka

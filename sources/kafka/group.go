@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/effectively-once/effectively/consumer"
 	kafkago "github.com/segmentio/kafka-go"
 )
 
@@ -140,7 +141,7 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 
 	pumpCtx, stopPumps := context.WithCancel(context.Background())
 	var pumps sync.WaitGroup
-	var readers []*kafkago.Reader
+	var fetchers []*fetcher
 	for _, tp := range tps {
 		start := kafkaStart[tp]
 		if s.store != nil {
@@ -160,25 +161,25 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 		s.mu.Unlock()
 		l := &lane{
 			name: laneName(tp.topic, tp.partition), topic: tp.topic, partition: tp.partition, gen: g,
-			space: make(chan struct{}), delivered: -1, committed: -1, kafkaCommitted: -1,
+			space: make(chan struct{}), fetched: -1, delivered: -1, committed: -1, persisted: -1, writing: -1, kafkaCommitted: -1,
 		}
 		if start >= 0 {
-			l.delivered, l.committed = start, start
+			l.fetched, l.delivered, l.committed = start, start, start
+		}
+		if next := stored[tp]; s.store != nil && next >= 0 {
+			l.persisted = next
 		}
 		if k := kafkaStart[tp]; k >= 0 {
 			l.kafkaCommitted = k
 		}
-		r := kafkago.NewReader(s.readerConfig(tp))
-		l.reader = r
+		f := s.newFetcher(tp, start)
+		l.fetcher = f
 		g.lanes = append(g.lanes, l)
-		if err := r.SetOffset(start); err != nil {
-			s.log.Error("kafka: seek", "lane", l.name, "offset", start, "err", err)
-		}
-		readers = append(readers, r)
+		fetchers = append(fetchers, f)
 		pumps.Add(1)
 		go func() {
 			defer pumps.Done()
-			s.pump(pumpCtx, l, r)
+			s.pump(pumpCtx, l, f)
 		}()
 	}
 	s.mu.Lock()
@@ -205,8 +206,8 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 	s.commitKafka(gen, g)
 	stopPumps()
 	pumps.Wait()
-	for _, r := range readers {
-		_ = r.Close()
+	for _, f := range fetchers {
+		f.close()
 	}
 	s.log.Info("kafka: generation ended", "group", s.cfg.Group, "generation", gen.ID)
 }
@@ -272,25 +273,51 @@ func inFlight(lanes []*lane) bool {
 	return false
 }
 
-// pump moves records from r into l's buffer, waiting while it is full.
-func (s *Source) pump(ctx context.Context, l *lane, r *kafkago.Reader) {
-	for {
-		rec, err := r.FetchMessage(ctx)
+// pump moves the records f fetches into l's buffer, waiting while it is
+// full, and moves l's position past the records f dropped.
+func (s *Source) pump(ctx context.Context, l *lane, f *fetcher) {
+	for failures := 0; ; {
+		res, err := f.fetch(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			s.log.Warn("kafka: fetch", "lane", l.name, "err", err)
+			failures++
+			s.log.Warn("kafka: fetch", "group", s.cfg.Group, "lane", l.name, "err", err)
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(time.Second):
+			case <-time.After(min(100*time.Millisecond<<min(failures-1, 5), 2*time.Second)):
 			}
 			continue
 		}
-		d := newDelivery(l, &rec, s.cfg.IDHeader)
+		failures = 0
+		if !s.buffer(ctx, l, res.records) {
+			return
+		}
 		s.mu.Lock()
-		d.msg.Attempt = s.firstAttempt(l, d.offset)
+		if l.state != laneActive {
+			s.mu.Unlock()
+			return
+		}
+		target, write := l.skipTo(res.next, s.store != nil)
+		s.mu.Unlock()
+		if write {
+			s.storeSkipped(ctx, l, target)
+		}
+	}
+}
+
+// buffer appends recs to l's buffer, waiting while it is full; false when
+// the lane was revoked or ctx is done.
+func (s *Source) buffer(ctx context.Context, l *lane, recs []fetchedRecord) bool {
+	ds := make([]*delivery, len(recs))
+	for i := range recs {
+		ds[i] = newDelivery(l, &recs[i], s.cfg.IDHeader)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for len(ds) > 0 {
 		for l.state == laneActive && len(l.buf) >= s.cfg.PartitionBuffer {
 			if !l.full {
 				l.full = true
@@ -300,18 +327,54 @@ func (s *Source) pump(ctx context.Context, l *lane, r *kafkago.Reader) {
 			s.mu.Unlock()
 			select {
 			case <-ctx.Done():
-				return
+				s.mu.Lock()
+				return false
 			case <-space:
 			}
 			s.mu.Lock()
 		}
 		if l.state != laneActive {
-			s.mu.Unlock()
-			return
+			return false
 		}
-		l.buf = append(l.buf, d)
+		n := min(s.cfg.PartitionBuffer-len(l.buf), len(ds))
+		for _, d := range ds[:n] {
+			d.msg.Attempt = s.firstAttempt(l, d.offset)
+		}
+		l.buf = append(l.buf, ds[:n]...)
+		ds = ds[n:]
 		s.notifyLocked()
-		s.mu.Unlock()
+	}
+	return true
+}
+
+// storeSkipped writes next, a commit point past records the fetcher
+// dropped, to the offsets table in a transaction of its own, fenced by the
+// generation like BeforeCommit. A failure is logged; the next fetch tries
+// again.
+func (s *Source) storeSkipped(ctx context.Context, l *lane, next int64) {
+	tp := topicPartition{l.topic, l.partition}
+	err := func() error {
+		tx, err := s.store.db.Begin(ctx)
+		if err != nil {
+			return fmt.Errorf("kafka: store offset: %w", err)
+		}
+		defer func() { _ = tx.Rollback(context.Background()) }()
+		if err := s.store.write(ctx, tx, tp, l.gen.id, next); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case err == nil:
+		l.stored(next)
+	case errors.Is(err, consumer.ErrFenced):
+		l.fenced = true
+		s.notifyLocked()
+		s.log.Warn("kafka: partition fenced by a newer generation", "group", s.cfg.Group, "lane", l.name, "generation", l.gen.id)
+	case ctx.Err() == nil:
+		s.log.Warn("kafka: storing the offset after dropped records", "group", s.cfg.Group, "lane", l.name, "offset", next, "err", err)
 	}
 }
 
@@ -322,11 +385,15 @@ func (s *Source) commitKafka(gen *kafkago.Generation, g *generation) {
 	offsets := make(map[string]map[int]int64)
 	s.mu.Lock()
 	for _, l := range g.lanes {
-		if l.committed > l.kafkaCommitted {
+		point := l.committed
+		if s.store != nil {
+			point = min(point, l.persisted) // past records dropped, but not yet stored
+		}
+		if point > l.kafkaCommitted {
 			if offsets[l.topic] == nil {
 				offsets[l.topic] = make(map[int]int64)
 			}
-			offsets[l.topic][l.partition] = l.committed
+			offsets[l.topic][l.partition] = point
 		}
 	}
 	s.mu.Unlock()
@@ -344,26 +411,6 @@ func (s *Source) commitKafka(gen *kafkago.Generation, g *generation) {
 		}
 	}
 	s.mu.Unlock()
-}
-
-func (s *Source) readerConfig(tp topicPartition) kafkago.ReaderConfig {
-	c := s.cfg
-	iso := kafkago.ReadUncommitted
-	if c.ReadCommitted {
-		iso = kafkago.ReadCommitted
-	}
-	return kafkago.ReaderConfig{
-		Brokers:        c.Brokers,
-		Topic:          tp.topic,
-		Partition:      tp.partition,
-		Dialer:         s.dialer,
-		MinBytes:       c.MinBytes,
-		MaxBytes:       c.MaxBytes,
-		MaxWait:        c.MaxWait,
-		IsolationLevel: iso,
-		Logger:         s.kafkaLogger(slog.LevelDebug),
-		ErrorLogger:    s.kafkaLogger(slog.LevelWarn),
-	}
 }
 
 // kafkaLogger adapts kafka-go's printf logging to the configured logger.

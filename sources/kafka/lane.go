@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
-	kafkago "github.com/segmentio/kafka-go"
 )
 
 type laneState uint8
@@ -28,7 +27,7 @@ type lane struct {
 	topic     string
 	partition int
 	gen       *generation
-	reader    *kafkago.Reader // set before the lane is published; for Lag
+	fetcher   *fetcher // set before the lane is published; for Lag
 
 	state    laneState
 	fenced   bool            // Postgres said a newer generation owns it
@@ -39,10 +38,17 @@ type lane struct {
 	space   chan struct{}
 	retries []retrySlot // handed back, sorted by offset
 
+	// fetched is the offset after everything the pump has fetched, records
+	// it dropped (control records, records of aborted transactions)
+	// included: every record below it is in buf or was handed out.
 	// delivered is the offset after the last record handed out from buf,
-	// committed the commit point after the last settled batch, and
-	// kafkaCommitted what Kafka holds; -1 when unknown.
-	delivered, committed, kafkaCommitted int64
+	// and fetched once buf is empty, so that it moves past dropped records.
+	// committed is the commit point after the last settled batch (or after
+	// dropped records, once nothing before them is outstanding), persisted
+	// what the offsets table is known to hold, writing what the in-flight
+	// batch's BeforeCommit stored, and kafkaCommitted what Kafka holds; -1
+	// when unknown.
+	fetched, delivered, committed, persisted, writing, kafkaCommitted int64
 }
 
 type retrySlot struct {
@@ -87,6 +93,7 @@ func (l *lane) take(max int, now time.Time) []*consumer.Message {
 		clear(l.retries[len(kept):])
 		l.retries = kept
 	}
+	l.writing = -1
 	n := min(max-len(msgs), len(l.buf))
 	if n > 0 {
 		if msgs == nil {
@@ -99,6 +106,9 @@ func (l *lane) take(max int, now time.Time) []*consumer.Message {
 		rest := copy(l.buf, l.buf[n:])
 		clear(l.buf[rest:])
 		l.buf = l.buf[:rest]
+		if rest == 0 && l.fetched > l.delivered {
+			l.delivered = l.fetched // past the records dropped after the last one
+		}
 		if l.full {
 			l.full = false
 			close(l.space)
@@ -129,10 +139,48 @@ func (l *lane) nextOffset(batch []*consumer.Message, acked map[*consumer.Message
 	return next
 }
 
+// skipTo records that the pump fetched everything below next. When l is
+// idle (nothing in flight, nothing to retry, nothing buffered) everything
+// below its delivered offset is settled, including the records the fetcher
+// dropped at the end of what it fetched (control records, records of
+// aborted transactions): the commit point moves there, and skipTo returns
+// it as the offset to store when the offsets table (store) does not hold
+// it yet, so that a restart does not fetch those records again.
+func (l *lane) skipTo(next int64, store bool) (target int64, write bool) {
+	l.fetched = max(l.fetched, next)
+	if len(l.buf) == 0 {
+		l.delivered = max(l.delivered, l.fetched)
+	}
+	if !l.fetchable() || len(l.buf) > 0 || len(l.retries) > 0 || l.delivered < 0 {
+		return 0, false
+	}
+	if l.delivered > l.committed {
+		l.committed = l.delivered
+		l.notifyCommit()
+	}
+	return l.delivered, store && l.delivered > l.persisted
+}
+
+// stored records that the offsets table holds next.
+func (l *lane) stored(next int64) {
+	l.persisted = max(l.persisted, next)
+	l.committed = max(l.committed, next)
+	l.notifyCommit()
+}
+
+// notifyCommit asks the generation for a Kafka offset commit.
+func (l *lane) notifyCommit() {
+	select {
+	case l.gen.commit <- struct{}{}:
+	default:
+	}
+}
+
 // settle records the outcome of l's in-flight batch: retried messages wait
 // in the retry slot for their delay, abandoned ones are due at once, and
-// the commit point moves up.
-func (l *lane) settle(b *consumer.Batch, acked map[*consumer.Message]struct{}, retry []consumer.Retry, now time.Time) {
+// the commit point moves up. With store (offsets in Postgres) a batch with
+// acked messages committed the offset its BeforeCommit wrote.
+func (l *lane) settle(b *consumer.Batch, acked map[*consumer.Message]struct{}, retry []consumer.Retry, now time.Time, store bool) {
 	retried := make(map[*consumer.Message]struct{}, len(retry))
 	for _, r := range retry {
 		d, ok := r.Message.SourceData.(*delivery)
@@ -153,6 +201,9 @@ func (l *lane) settle(b *consumer.Batch, acked map[*consumer.Message]struct{}, r
 		}
 	}
 	sort.Slice(l.retries, func(i, j int) bool { return l.retries[i].d.offset < l.retries[j].d.offset })
+	if store && len(acked) > 0 {
+		l.persisted = max(l.persisted, l.writing)
+	}
 	if next := l.nextOffset(nil, nil); next > l.committed {
 		l.committed = next
 	}

@@ -6,7 +6,6 @@ import (
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/highwater"
-	kafkago "github.com/segmentio/kafka-go"
 )
 
 // SourceName is Message.Source for messages of this package.
@@ -26,26 +25,23 @@ func laneName(topic string, partition int) string {
 
 // newDelivery converts a record of l. Its ID is the idHeader's value when
 // present and not empty, else "topic/partition/offset". Key, Value and
-// header values are kept as the Reader gives them: nil for a null, and nil
-// for an empty one too, which the Reader does not tell apart (see "Null and
-// empty values" in the package documentation).
-func newDelivery(l *lane, r *kafkago.Message, idHeader string) *delivery {
-	d := &delivery{lane: l, offset: r.Offset}
+// header values are kept as the record has them: nil for a null, a non-nil
+// empty slice for an empty one.
+func newDelivery(l *lane, r *fetchedRecord, idHeader string) *delivery {
+	d := &delivery{lane: l, offset: r.offset}
 	m := &d.msg
-	m.Key = r.Key
-	m.Value = r.Value
-	m.Time = r.Time
+	m.Key = r.key
+	m.Value = r.value
+	m.Time = r.time
 	m.Source = SourceName
 	m.Lane = l.name
-	off := strconv.FormatInt(r.Offset, 10)
+	off := strconv.FormatInt(r.offset, 10)
 	m.Ref = l.name + "@" + off
-	if len(r.Headers) > 0 {
-		m.Headers = make([]consumer.Header, len(r.Headers))
-		for i, h := range r.Headers {
-			m.Headers[i] = consumer.Header{Key: h.Key, Value: h.Value}
-			if m.ID == "" && h.Key == idHeader && len(h.Value) > 0 {
-				m.ID = string(h.Value)
-			}
+	m.Headers = r.headers
+	for _, h := range r.headers {
+		if h.Key == idHeader && len(h.Value) > 0 {
+			m.ID = string(h.Value)
+			break
 		}
 	}
 	if m.ID == "" {

@@ -123,30 +123,20 @@ func (s *Source) Assignment() []string {
 // Lag returns, for each partition this source reads ("topic/partition"),
 // how many records lie between its commit point (the next offset whose
 // outcome is not yet committed) and the end of the partition's log, as of
-// the partition reader's last fetch. Partitions whose position is not yet
-// known are left out. Feed it to a metrics gauge (see
+// the partition's last fetch. Partitions whose position is not yet known
+// are left out. Feed it to a metrics gauge (see
 // metrics/prometheus's ReportLag).
 func (s *Source) Lag() map[string]int64 {
 	s.mu.Lock()
-	type pos struct {
-		r         *kafkago.Reader
-		committed int64
-	}
-	lanes := map[string]pos{}
+	out := map[string]int64{}
 	for _, l := range s.lanes {
-		if l.state == laneActive && !l.fenced && l.reader != nil && l.committed >= 0 {
-			lanes[l.name] = pos{l.reader, l.committed}
+		if l.state == laneActive && !l.fenced && l.fetcher != nil && l.committed >= 0 {
+			if end := l.fetcher.highWatermark.Load(); end >= 0 {
+				out[l.name] = max(end-l.committed, 0)
+			}
 		}
 	}
 	s.mu.Unlock()
-	out := make(map[string]int64, len(lanes))
-	for name, p := range lanes {
-		st := p.r.Stats()
-		if st.Offset < 0 {
-			continue
-		}
-		out[name] = max(st.Offset+st.Lag-p.committed, 0)
-	}
 	return out
 }
 
@@ -239,6 +229,9 @@ func (s *Source) BeforeCommit(ctx context.Context, tx pgx.Tx, b *consumer.Batch,
 		return fmt.Errorf("kafka: partition %s was revoked from generation %d: %w", l.name, l.gen.id, consumer.ErrFenced)
 	}
 	next := l.nextOffset(b.Messages, acked)
+	if s.store != nil && len(ack) > 0 {
+		l.writing = next
+	}
 	s.mu.Unlock()
 	if s.store == nil || len(ack) == 0 {
 		return nil
@@ -278,12 +271,9 @@ func (s *Source) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.
 		return nil
 	}
 	before := l.committed
-	l.settle(b, acked, retry, time.Now())
+	l.settle(b, acked, retry, time.Now(), s.store != nil)
 	if l.committed > before {
-		select {
-		case l.gen.commit <- struct{}{}:
-		default:
-		}
+		l.notifyCommit()
 	}
 	return nil
 }

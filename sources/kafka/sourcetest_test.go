@@ -41,9 +41,8 @@ func TestSourceConformance(t *testing.T) {
 				LoseLanes: func(t *testing.T, src consumer.Source) { e.rebalance(src.(*Source)) },
 			}
 		},
-		// kafka-go's Reader delivers a null value as an empty one, so
-		// NilValues is off.
-		Features: sourcetest.Features{BinaryValues: true},
+		// The source tells a null value (a tombstone) from an empty one.
+		Features: sourcetest.Features{BinaryValues: true, NilValues: true},
 	})
 }
 

@@ -12,8 +12,8 @@ import (
 // A record with a null value (a tombstone of a compacted topic) and a
 // record with an empty value, written by a producer that can tell them
 // apart (franz-go). The broker keeps them apart, as a franz-go consumer
-// shows; what the Source reports is recorded below, and the package
-// documentation says the same.
+// shows, and so does the Source: nil for a null key, value or header value,
+// a non-nil empty slice for an empty one.
 func TestNullAndEmptyValues(t *testing.T) {
 	e := newEnv(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -74,17 +74,12 @@ func TestNullAndEmptyValues(t *testing.T) {
 	if null.Value != nil || null.Key != nil {
 		t.Errorf("null key and value reported as %#v and %#v, want nil", null.Key, null.Value)
 	}
-	// What the Source reports today: kafka-go's Reader decodes an empty
-	// value, key or header value as nil too, so an empty record cannot be
-	// told from a tombstone (see the package documentation). If this fails
-	// because the empty value now arrives as []byte{}, the fetch path has
-	// learned the difference: turn this into an assertion that it does, and
-	// update the "Null and empty values" section of doc.go.
-	if empty.Value != nil || empty.Key != nil {
-		t.Errorf("empty key and value reported as %#v and %#v; today's fetch path reports nil for both: update this test and doc.go", empty.Key, empty.Value)
+	// An empty value or key is reported as a non-nil empty slice.
+	if empty.Value == nil || len(empty.Value) != 0 || empty.Key == nil || len(empty.Key) != 0 {
+		t.Errorf("empty key and value reported as %#v and %#v, want []byte{} for both", empty.Key, empty.Value)
 	}
-	if v, ok := empty.Header("h"); !ok || v != nil {
-		t.Errorf("empty header value reported as %#v (present %v); today's fetch path reports nil", v, ok)
+	if v, ok := empty.Header("h"); !ok || v == nil || len(v) != 0 {
+		t.Errorf("empty header value reported as %#v (present %v), want []byte{}", v, ok)
 	}
 	if v, ok := null.Header("h"); !ok || v != nil {
 		t.Errorf("null header value reported as %#v (present %v), want nil", v, ok)
