@@ -54,6 +54,15 @@ type kafkaConn struct {
 	saslMechanism    string
 	saslUsername     string
 	saslPasswordFile string
+
+	// Options.KafkaTLS and KafkaSASL, used when no flag sets TLS or SASL.
+	defaultTLS  *tls.Config
+	defaultSASL sasl.Mechanism
+}
+
+// kafkaConn returns the connection settings of a command, before its flags.
+func (a *app) kafkaConn() kafkaConn {
+	return kafkaConn{defaultTLS: a.opts.KafkaTLS, defaultSASL: a.opts.KafkaSASL}
 }
 
 // addFlags registers the connection flags on f.
@@ -100,7 +109,7 @@ func (*kafkaConn) fromEnv(f *pflag.FlagSet) error {
 // tlsConfig returns the TLS settings of the flags, or nil without TLS.
 func (k *kafkaConn) tlsConfig(stderr io.Writer) (*tls.Config, error) {
 	if !k.tls && k.tlsCA == "" && k.tlsCert == "" && k.tlsKey == "" && k.tlsServerName == "" && !k.tlsInsecure {
-		return nil, nil
+		return k.defaultTLS, nil
 	}
 	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: k.tlsServerName, InsecureSkipVerify: k.tlsInsecure}
 	if k.tlsCA != "" {
@@ -136,7 +145,7 @@ func (k *kafkaConn) mechanism(withTLS bool, stderr io.Writer) (sasl.Mechanism, e
 		if k.saslUsername != "" || k.saslPasswordFile != "" {
 			return nil, errors.New("--sasl-username and --sasl-password-file need --sasl-mechanism (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)")
 		}
-		return nil, nil
+		return k.defaultSASL, nil
 	}
 	if k.saslUsername == "" {
 		return nil, fmt.Errorf("--sasl-mechanism %s needs --sasl-username", k.saslMechanism)

@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"github.com/effectively-once/effectively/internal/kafkatest"
 	"github.com/effectively-once/effectively/sources/kafka"
 	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
@@ -25,6 +27,8 @@ type secured struct {
 	k                                 *kafkatest.Cluster
 	topic, group                      string
 	caFile, certFile, keyFile, pwFile string
+	clientTLS                         *tls.Config // trusts the CA, with a client certificate
+	sasl                              sasl.Mechanism
 }
 
 const securedPartitions = 2
@@ -36,7 +40,8 @@ func newSecured(t *testing.T) *secured {
 	}
 	ca := kafkatest.NewCA(t)
 	k := kafkatest.New(t, kfake.TLS(ca.ServerTLS(t, true)), kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-256", "ops", "s3cret"))
-	k.UseTLS(ca.ClientTLS(t, true))
+	clientTLS := ca.ClientTLS(t, true)
+	k.UseTLS(clientTLS)
 	mech, err := kafka.SASLMechanism("SCRAM-SHA-256", "ops", "s3cret")
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +50,7 @@ func newSecured(t *testing.T) *secured {
 	dir := t.TempDir()
 	s := &secured{env: newEnv(t), k: k, topic: kafkatest.Name("transfers"), group: kafkatest.Name("ledger"),
 		caFile: filepath.Join(dir, "ca.pem"), certFile: filepath.Join(dir, "client.pem"), keyFile: filepath.Join(dir, "client-key.pem"),
-		pwFile: filepath.Join(dir, "password")}
+		pwFile: filepath.Join(dir, "password"), clientTLS: clientTLS, sasl: mech}
 	certPEM, keyPEM := kafkatest.PEM(t, ca.Issue(t, false, "ops"))
 	for name, data := range map[string][]byte{s.caFile: ca.PEM, s.certFile: certPEM, s.keyFile: keyPEM, s.pwFile: []byte("s3cret\n")} {
 		if err := os.WriteFile(name, data, 0o600); err != nil {
@@ -152,6 +157,32 @@ SELECT $1, $2, p, 10, 1 FROM generate_series(0, $3 - 1) AS p`, s.group, s.topic,
 	r = s.must(stock, s.dryRunArgs(c.args())...)
 	if !strings.Contains(r.err, "warning: --tls-insecure-skip-verify") {
 		t.Errorf("--tls-insecure-skip-verify: stderr %q, want a warning", r.err)
+	}
+}
+
+// A binary of its own configures TLS and SASL in code (Options.KafkaTLS,
+// Options.KafkaSASL), for settings the flags do not offer; flags, when
+// given, win.
+func TestKafkaConnectionOptions(t *testing.T) {
+	t.Parallel()
+	s := newSecured(t)
+	opts := cli.Options{KafkaTLS: s.clientTLS, KafkaSASL: s.sasl}
+	r := s.must(opts, s.dryRunArgs([]string{"--brokers", strings.Join(s.k.Brokers(), ",")})...)
+	var rep cli.DryRunReport
+	if err := json.Unmarshal([]byte(r.out), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, r.out)
+	}
+	if rep.Total.Messages != 20 {
+		t.Errorf("dry run with Options.KafkaTLS and KafkaSASL read %d messages, want 20", rep.Total.Messages)
+	}
+	wrong := filepath.Join(t.TempDir(), "wrong")
+	if err := os.WriteFile(wrong, []byte("guess"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := s.dryRunArgs([]string{"--brokers", strings.Join(s.k.Brokers(), ","),
+		"--sasl-mechanism", "SCRAM-SHA-256", "--sasl-username", "ops", "--sasl-password-file", wrong})
+	if _, err := s.run(opts, "", args...); err == nil || !strings.Contains(err.Error(), "SASL Authentication Failed") {
+		t.Errorf("--sasl-* flags over Options.KafkaSASL: %v, want the flags' (wrong) password refused", err)
 	}
 }
 

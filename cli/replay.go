@@ -120,6 +120,7 @@ those with Kafka's own tools instead.
 	f.IntVar(&o.batch, "batch", 500, "messages claimed per statement (dry-run)")
 	f.StringVar(&o.progress, "progress", "auto", "progress bar on stderr: auto (when it is a terminal), always or never")
 	f.DurationVar(&o.lockTimeout, "lock-timeout", 30*time.Second, "longest wait for a marker locked by a running consumer (dry-run)")
+	o.conn = a.kafkaConn()
 	o.conn.addFlags(f)
 	return cmd
 }

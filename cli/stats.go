@@ -110,6 +110,7 @@ a while, but it only reads.
 	f.StringVar(&scope, "scope", "", "report only this scope")
 	f.StringVar(&group, "group", "", "report only the Kafka offsets of this consumer group")
 	f.StringSliceVar(&brokers, "brokers", nil, "Kafka brokers (host:port, comma-separated), to report lag")
+	conn = a.kafkaConn()
 	conn.addFlags(f)
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
