@@ -15,4 +15,11 @@
 //
 // Every command that writes asks for confirmation unless --yes is given,
 // and refuses to run without --yes when its input is not a terminal.
+//
+// The commands that talk to Kafka (replay, stats) connect with TLS (--tls,
+// --tls-ca, --tls-cert, --tls-key, --tls-server-name) and SASL PLAIN or
+// SCRAM (--sasl-mechanism, --sasl-username); the password comes from
+// $EFFECTIVELY_KAFKA_SASL_PASSWORD or --sasl-password-file, never from the
+// command line. Each connection flag --NAME defaults to
+// $EFFECTIVELY_KAFKA_NAME ("effectively replay --help" lists them).
 package cli

@@ -2,22 +2,29 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"strings"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
 )
 
 // kafkaClient is the tool's connection to the brokers.
 type kafkaClient struct {
 	brokers []string
 	c       *kafkago.Client
+	tls     *tls.Config
+	sasl    sasl.Mechanism
 }
 
-func newKafkaClient(brokers []string) (*kafkaClient, error) {
+// newKafkaClient connects to the brokers with the connection flags' TLS and
+// SASL settings, and checks that one of them accepts the connection.
+func newKafkaClient(ctx context.Context, brokers []string, conn *kafkaConn, stderr io.Writer) (*kafkaClient, error) {
 	var bs []string
 	for _, b := range brokers {
 		for _, p := range strings.Split(b, ",") {
@@ -29,11 +36,47 @@ func newKafkaClient(brokers []string) (*kafkaClient, error) {
 	if len(bs) == 0 {
 		return nil, errors.New("--brokers: no broker address given")
 	}
-	return &kafkaClient{brokers: bs, c: &kafkago.Client{
+	tc, err := conn.tlsConfig(stderr)
+	if err != nil {
+		return nil, err
+	}
+	mech, err := conn.mechanism(tc != nil, stderr)
+	if err != nil {
+		return nil, err
+	}
+	k := &kafkaClient{brokers: bs, tls: tc, sasl: mech, c: &kafkago.Client{
 		Addr:      kafkago.TCP(bs...),
 		Timeout:   30 * time.Second,
-		Transport: &kafkago.Transport{ClientID: "effectively-cli"},
-	}}, nil
+		Transport: &kafkago.Transport{ClientID: "effectively-cli", TLS: tc, SASL: mech, DialTimeout: 10 * time.Second},
+	}}
+	if err := k.ping(ctx); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+func (k *kafkaClient) dialer() *kafkago.Dialer {
+	return &kafkago.Dialer{ClientID: "effectively-cli", Timeout: 10 * time.Second, DualStack: true, TLS: k.tls, SASLMechanism: k.sasl}
+}
+
+// ping connects to the brokers in turn until one accepts the connection
+// (TLS handshake and SASL authentication included), and otherwise returns
+// why none did. kafka-go's Dialer reports a broker that ends the SASL
+// exchange by closing the connection as a failed authentication, where its
+// Client only sees an unexpected EOF: this check gives a wrong password
+// its name before the Client is used.
+func (k *kafkaClient) ping(ctx context.Context) error {
+	d := k.dialer()
+	var errs []error
+	for _, b := range k.brokers {
+		c, err := d.DialContext(ctx, "tcp", b)
+		if err == nil {
+			_ = c.Close()
+			return nil
+		}
+		errs = append(errs, err)
+	}
+	return fmt.Errorf("kafka: cannot connect to the brokers: %w", errors.Join(errs...))
 }
 
 func (k *kafkaClient) close() {
@@ -145,7 +188,7 @@ func (k *kafkaClient) reader(topic string, partition int, offset int64) (*kafkag
 		MinBytes:  1,
 		MaxBytes:  4 << 20,
 		MaxWait:   100 * time.Millisecond,
-		Dialer:    &kafkago.Dialer{ClientID: "effectively-cli", Timeout: 10 * time.Second, DualStack: true},
+		Dialer:    k.dialer(),
 	})
 	if err := r.SetOffset(offset); err != nil {
 		_ = r.Close()

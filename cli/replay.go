@@ -34,6 +34,7 @@ type replayOpts struct {
 	batch       int
 	progress    string
 	lockTimeout time.Duration
+	conn        kafkaConn
 }
 
 // PartitionPlan is one partition of a replay: where its stored offset is and
@@ -91,10 +92,12 @@ lag monitoring) are left alone; the consumers overwrite them as they go.
 Consumers running with KafkaOffsetsOnly keep no offsets in Postgres: reset
 those with Kafka's own tools instead.
 
-` + keyHelp,
+` + keyHelp + "\n\n" + kafkaConnHelp,
 		Example: `  effectively replay --brokers kafka:9092 --group ledger --topic transfers --scope ledger --to-time 2026-11-28T09:00:00Z --dry-run
   effectively replay --brokers kafka:9092 --group ledger --topic transfers --to-time 6h
-  effectively replay --brokers kafka:9092 --group ledger --topic transfers --to-offset 0=1200,1=1187 --yes`,
+  effectively replay --brokers kafka:9092 --group ledger --topic transfers --to-offset 0=1200,1=1187 --yes
+  effectively replay --brokers kafka:9093 --tls-ca ca.pem --sasl-mechanism SCRAM-SHA-512 --sasl-username ops \
+      --sasl-password-file /run/secrets/kafka-password --group ledger --topic transfers --to-time 6h`,
 		Args: cobra.NoArgs,
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
 			return a.replay(cmd, &o)
@@ -117,13 +120,18 @@ those with Kafka's own tools instead.
 	f.IntVar(&o.batch, "batch", 500, "messages claimed per statement (dry-run)")
 	f.StringVar(&o.progress, "progress", "auto", "progress bar on stderr: auto (when it is a terminal), always or never")
 	f.DurationVar(&o.lockTimeout, "lock-timeout", 30*time.Second, "longest wait for a marker locked by a running consumer (dry-run)")
+	o.conn = a.kafkaConn()
+	o.conn.addFlags(f)
 	return cmd
 }
 
 func (a *app) replay(cmd *cobra.Command, o *replayOpts) error {
+	if err := o.conn.fromEnv(cmd.Flags()); err != nil {
+		return err
+	}
 	switch {
 	case len(o.brokers) == 0:
-		return errors.New("--brokers is required")
+		return errors.New("--brokers is required (or $EFFECTIVELY_KAFKA_BROKERS)")
 	case o.group == "":
 		return errors.New("--group is required")
 	case o.topic == "":
@@ -141,7 +149,7 @@ func (a *app) replay(cmd *cobra.Command, o *replayOpts) error {
 		return fmt.Errorf("--progress: %q is not auto, always or never", o.progress)
 	}
 	ctx := cmd.Context()
-	kc, err := newKafkaClient(o.brokers)
+	kc, err := newKafkaClient(ctx, o.brokers, &o.conn, cmd.ErrOrStderr())
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package cli
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go/sasl"
 	"github.com/spf13/cobra"
 )
 
@@ -47,6 +49,16 @@ type Options struct {
 	// prompt themselves). Defaults to false: without a terminal, commands
 	// that write refuse to run unless --yes is given.
 	AssumeTerminal bool
+	// KafkaTLS is the TLS configuration of the connections to Kafka when
+	// no --tls* flag (or its environment variable) is given. Defaults to
+	// nil: plaintext unless the flags ask for TLS.
+	KafkaTLS *tls.Config
+	// KafkaSASL authenticates the connections to Kafka when no
+	// --sasl-mechanism (or its environment variable) is given: for
+	// mechanisms the flags do not offer, such as kafka-go's
+	// sasl/aws_msk_iam_v2. Defaults to nil: no SASL unless the flags ask
+	// for it.
+	KafkaSASL sasl.Mechanism
 }
 
 // app holds the options and the global flags of one command tree.

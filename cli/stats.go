@@ -60,6 +60,7 @@ func (a *app) statsCmd() *cobra.Command {
 		scope, group string
 		brokers      []string
 		asJSON       bool
+		conn         kafkaConn
 	)
 	cmd := &cobra.Command{
 		Use:   "stats",
@@ -71,11 +72,17 @@ and the Kafka offsets stored in Postgres. With --brokers, each stored offset
 is compared with its partition's end offset: the difference is the lag.
 
 Counting markers reads the whole markers table; on very large tables it takes
-a while, but it only reads.`,
+a while, but it only reads.
+
+` + kafkaConnHelp,
 		Example: `  effectively stats
-  effectively stats --scope ledger --brokers kafka:9092 --json`,
+  effectively stats --scope ledger --brokers kafka:9092 --json
+  effectively stats --brokers kafka:9093 --tls-ca ca.pem --tls-cert client.pem --tls-key client-key.pem`,
 		Args: cobra.NoArgs,
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
+			if err := conn.fromEnv(cmd.Flags()); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			pool, err := a.db(ctx)
 			if err != nil {
@@ -86,7 +93,7 @@ a while, but it only reads.`,
 				return err
 			}
 			if len(brokers) > 0 {
-				if err := a.addLag(ctx, brokers, rep); err != nil {
+				if err := a.addLag(ctx, brokers, &conn, cmd.ErrOrStderr(), rep); err != nil {
 					return err
 				}
 			}
@@ -103,6 +110,8 @@ a while, but it only reads.`,
 	f.StringVar(&scope, "scope", "", "report only this scope")
 	f.StringVar(&group, "group", "", "report only the Kafka offsets of this consumer group")
 	f.StringSliceVar(&brokers, "brokers", nil, "Kafka brokers (host:port, comma-separated), to report lag")
+	conn = a.kafkaConn()
+	conn.addFlags(f)
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
@@ -234,8 +243,8 @@ FROM to_regclass($1) AS r`, table).Scan(&ts.Exists, &ts.Bytes)
 }
 
 // addLag fills in end offsets and lag from the brokers.
-func (a *app) addLag(ctx context.Context, brokers []string, rep *StatsReport) error {
-	kc, err := newKafkaClient(brokers)
+func (a *app) addLag(ctx context.Context, brokers []string, conn *kafkaConn, stderr io.Writer, rep *StatsReport) error {
+	kc, err := newKafkaClient(ctx, brokers, conn, stderr)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,8 @@
 // Command effectively operates the PostgreSQL side of effectively-once
 // consumers: migrations, stats, parked messages, Kafka replays and the
-// retention sweep. Run "effectively --help".
+// retention sweep. Run "effectively --help". It connects to Kafka
+// clusters that take TLS (a private CA, mutual TLS) and SASL PLAIN or
+// SCRAM; see "effectively replay --help".
 //
 // This stock binary has no handlers registered, so "parked redrive" needs
 // a binary of your own that embeds package cli with your handlers.

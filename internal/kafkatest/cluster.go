@@ -3,6 +3,7 @@ package kafkatest
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"fmt"
 	"os"
@@ -33,6 +34,7 @@ type Cluster struct {
 	brokers []string
 	fake    *kfake.Cluster
 	client  *kafka.Client
+	tls     *tls.Config
 	sasl    sasl.Mechanism
 }
 
@@ -81,7 +83,25 @@ func New(tb testing.TB, opts ...kfake.Opt) *Cluster {
 // kfake.EnableSASL.
 func (c *Cluster) UseSASL(m sasl.Mechanism) {
 	c.sasl = m
-	c.client.Transport = &kafka.Transport{SASL: m}
+	c.resetTransport()
+}
+
+// UseTLS makes the helpers connect with TLS configured by cfg (see
+// CA.ClientTLS), for clusters started with kfake.TLS.
+func (c *Cluster) UseTLS(cfg *tls.Config) {
+	c.tls = cfg
+	c.resetTransport()
+}
+
+func (c *Cluster) resetTransport() {
+	if t, ok := c.client.Transport.(*kafka.Transport); ok {
+		t.CloseIdleConnections()
+	}
+	c.client.Transport = c.transport()
+}
+
+func (c *Cluster) transport() *kafka.Transport {
+	return &kafka.Transport{TLS: c.tls, SASL: c.sasl}
 }
 
 // Brokers returns the cluster's bootstrap addresses.
@@ -144,7 +164,7 @@ func (c *Cluster) Writer(topic string) *kafka.Writer {
 		BatchSize:    1000,
 		BatchBytes:   16 << 20,
 		RequiredAcks: kafka.RequireAll,
-		Transport:    &kafka.Transport{SASL: c.sasl},
+		Transport:    c.transport(),
 	}
 }
 

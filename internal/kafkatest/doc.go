@@ -8,6 +8,11 @@
 // against a real Kafka. Tests should then name their topics and groups with
 // Name, which makes them unique per run.
 //
+// For clusters that take TLS or SASL, NewCA makes an in-memory certificate
+// authority whose ServerTLS goes to kfake.TLS and whose ClientTLS (with or
+// without a client certificate) to UseTLS and the code under test;
+// UseSASL sets the helpers' SASL mechanism for kfake.EnableSASL.
+//
 // The constants hold the kafka-go settings that keep tests quick: a short
 // fetch MaxWait (kafka-go's 10s default makes closing a reader slow), a short
 // Writer BatchTimeout, and a session timeout that a real broker's default

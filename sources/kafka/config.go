@@ -29,10 +29,19 @@ type Config struct {
 	// Topics are the topics the group consumes. Required.
 	Topics []string
 
-	// TLS, when set, makes every connection to the brokers use TLS.
+	// TLS, when set, makes every connection to the brokers (the group
+	// coordinator, the partition fetches, the retention lookup) use TLS:
+	// RootCAs holds the CA that signed the brokers' certificates (nil for
+	// the system's roots), Certificates the client certificate for mutual
+	// TLS, and ServerName, when empty, is each broker's host name. The
+	// source does not modify it. Defaults to nil: plaintext connections.
 	TLS *tls.Config
-	// SASL, when set, authenticates every connection (kafka-go's
-	// sasl/plain, sasl/scram or sasl/aws_msk_iam_v2 mechanisms).
+	// SASL, when set, authenticates every connection after the TLS
+	// handshake: SASLMechanism makes PLAIN, SCRAM-SHA-256 and
+	// SCRAM-SHA-512 mechanisms; any other kafka-go sasl.Mechanism
+	// (sasl/aws_msk_iam_v2, say) works too. PLAIN sends the password as it
+	// is: use it with TLS. Refused credentials or certificates stop the
+	// consumer (see ErrAuthentication). Defaults to nil: no authentication.
 	SASL sasl.Mechanism
 	// ClientID is sent to the brokers. Defaults to "effectively".
 	ClientID string

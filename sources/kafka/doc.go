@@ -51,6 +51,27 @@
 // which they are abandoned (their commit is refused and nothing is
 // acknowledged for them). Close abandons at once.
 //
+// # TLS and SASL
+//
+// Config.TLS and Config.SASL apply to every connection the source makes.
+// For a cluster with a private CA and mutual TLS:
+//
+//	ca := x509.NewCertPool()
+//	ca.AppendCertsFromPEM(caPEM)
+//	cert, err := tls.LoadX509KeyPair("client.crt", "client.key")
+//	...
+//	cfg.TLS = &tls.Config{RootCAs: ca, Certificates: []tls.Certificate{cert}}
+//	cfg.SASL, err = kafka.SASLMechanism("SCRAM-SHA-512", user, os.Getenv("KAFKA_PASSWORD"))
+//
+// When the brokers refuse the credentials (a wrong password, an unknown
+// user or mechanism) or the TLS handshake fails on a certificate (not
+// signed by a trusted CA, not valid for the broker's name, a client
+// certificate missing or refused), Fetch returns an error that matches
+// ErrAuthentication and is permanent: the consumer's Run stops with it
+// rather than retrying a connection that cannot succeed. Other connection
+// failures (an unreachable broker, a timeout) are retried, and
+// consumer.Config.SourceFailureTimeout bounds them.
+//
 // # Messages
 //
 // Message.ID is the value of the Config.IDHeader header ("idempotency-key"

@@ -145,8 +145,10 @@ func (s *Source) Lag() map[string]int64 {
 // returns up to max of them in offset order. While no partition is assigned
 // and the consumer group keeps failing (wrong brokers, say), it returns the
 // group's error, so that the consumer reports it and can give up after
-// consumer.Config.SourceFailureTimeout. After Close it returns ErrClosed,
-// which is permanent.
+// consumer.Config.SourceFailureTimeout; when the brokers refused the
+// credentials or certificates, the error matches ErrAuthentication and is
+// permanent, so the consumer stops at once. After Close it returns
+// ErrClosed, which is permanent.
 func (s *Source) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
 	if err := s.start(); err != nil {
 		return nil, err
@@ -191,7 +193,11 @@ func (s *Source) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
 		}
 		if err := s.groupErr; err != nil && len(s.lanes) == 0 {
 			s.mu.Unlock()
-			return nil, fmt.Errorf("kafka: consumer group %q: %w", s.cfg.Group, err)
+			err = fmt.Errorf("kafka: consumer group %q: %w", s.cfg.Group, authFailure(err))
+			if errors.Is(err, ErrAuthentication) {
+				err = consumer.Permanent(err)
+			}
+			return nil, err
 		}
 		wake := s.waitChLocked()
 		s.mu.Unlock()
