@@ -92,7 +92,7 @@ var refusedAlerts = map[string]bool{
 	"tls: unrecognized name":              true,
 }
 
-// authFailure wraps err as ErrAuthentication, and permanent, when it says
+// authFailure wraps err so that it matches ErrAuthentication when it says
 // that the brokers refused the connection's credentials or certificates;
 // other errors are returned as they are.
 func authFailure(err error) error {
