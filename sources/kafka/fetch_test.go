@@ -101,3 +101,30 @@ func TestRecordsDeletedBeforePosition(t *testing.T) {
 	}
 	e.checkApplied(want, h)
 }
+
+// TestCloseDuringLongFetch: Close does not wait for the fetches in
+// flight: with a MaxWait of five minutes and nothing to fetch, every
+// partition's fetch waits at the broker, and Close still returns long
+// before any of them would end.
+func TestCloseDuringLongFetch(t *testing.T) {
+	e := newEnv(t, 2)
+	e.produce(0, 10)
+	h := &consumertest.Counter{}
+	src := e.source(func(c *Config) { c.MaxWait = 5 * time.Minute })
+	run := consumertest.Start(e.engine(src, h))
+	waitFor(t, time.Minute, "the stored offsets at the end of the partitions", func() bool {
+		ok, _ := e.atEnd(src)
+		return ok
+	})
+	run.Stop(t)
+	closed := make(chan struct{})
+	go func() {
+		_ = src.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("Close waited for the fetches in flight")
+	}
+}

@@ -309,3 +309,46 @@ func TestReadUncommittedTransactions(t *testing.T) {
 	run.Stop(t)
 	e.checkApplied(all, h)
 }
+
+// TestOnlyAbortedTransactions: a partition holding nothing but aborted
+// transactions and their markers. Nothing is applied, no batch is ever
+// handed out, and the stored offset still reaches the end of the log: the
+// source neither spins on the dropped records nor fetches them again after
+// a restart.
+func TestOnlyAbortedTransactions(t *testing.T) {
+	e := newEnv(t, 1)
+	log := newTxnLog(e, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl := log.producers[0]
+	for i := range 20 {
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		for j := range 3 {
+			key := fmt.Sprintf("aborted-%d-%d", i, j)
+			rec := &kgo.Record{Value: []byte(key), Headers: []kgo.RecordHeader{{Key: DefaultIDHeader, Value: []byte(key)}}}
+			if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := cl.EndTransaction(ctx, kgo.TryAbort); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for round := range 2 { // the second source starts where the first stored
+		h := &consumertest.Counter{}
+		src := e.source()
+		run := consumertest.Start(e.engine(src, h))
+		e.waitAtEnd(src, 0)
+		run.Stop(t)
+		_ = src.Close()
+		if tot := h.Total(); tot.Applied+tot.Duplicate+tot.Parked != 0 {
+			t.Fatalf("round %d: %s, want nothing", round, h)
+		}
+	}
+	e.checkApplied(nil, &consumertest.Counter{})
+	if end := e.endOffsets()[0]; end != 80 {
+		t.Errorf("the partition ends at %d, want 80 (60 records and 20 markers)", end)
+	}
+}
