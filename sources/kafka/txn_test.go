@@ -2,13 +2,17 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/jackc/pgx/v5"
 	kafkago "github.com/segmentio/kafka-go"
@@ -241,9 +245,58 @@ func TestReadCommittedTransactions(t *testing.T) {
 	run = consumertest.Start(e.engine(src, h2))
 	e.waitAtEnd(src, len(log.committed)+len(log.plains))
 	run.Stop(t)
+	_ = src.Close()
 	e.checkApplied(append(slices.Clone(log.committed), log.plains...), h2)
-	t.Logf("%d committed and %d aborted transactions; %d committed, %d aborted and %d plain records; first %s; second %s",
-		log.commits, log.aborts, len(log.committed), len(log.aborted), len(log.plains), h, h2)
+
+	// A consumer dies in the middle: batches of 4, and from the fourth on
+	// every batch hangs until the consumer stops, so those never commit.
+	for r := 8; r < 12; r++ {
+		log.round(r)
+	}
+	h3 := &consumertest.Counter{}
+	src = e.source()
+	var batches atomic.Int32
+	hung := make(chan struct{})
+	var once sync.Once
+	c := e.engine(src, h3, func(cfg *consumer.Config) {
+		cfg.BatchSize = 4
+		cfg.ShutdownTimeout = 200 * time.Millisecond
+		cfg.BatchHandler = func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+			if batches.Add(1) > 3 {
+				once.Do(func() { close(hung) })
+				<-ctx.Done()
+				return ctx.Err()
+			}
+			return insertEffects(ctx, tx, msgs)
+		}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	select {
+	case <-hung:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("no fourth batch; %s", h3)
+	}
+	cancel()
+	if err := <-done; err != nil && !errors.Is(err, consumer.ErrShutdownTimeout) {
+		t.Fatalf("Run: %v", err)
+	}
+	_ = src.Close()
+	if _, applied := e.effects(); applied >= len(log.committed)+len(log.plains) {
+		t.Fatalf("the third consumer applied everything (%d) before it died", applied)
+	}
+	h4 := &consumertest.Counter{}
+	src = e.source()
+	run = consumertest.Start(e.engine(src, h4))
+	e.waitAtEnd(src, len(log.committed)+len(log.plains))
+	run.Stop(t)
+	e.checkApplied(append(slices.Clone(log.committed), log.plains...), h4)
+	if log.commits < 9 || log.aborts < 9 {
+		t.Fatalf("only %d committed and %d aborted transactions", log.commits, log.aborts)
+	}
+	t.Logf("%d committed and %d aborted transactions; %d committed, %d aborted and %d plain records; first %s; second %s; third (died) %s; fourth %s",
+		log.commits, log.aborts, len(log.committed), len(log.aborted), len(log.plains), h, h2, h3, h4)
 }
 
 // TestReadCommittedRestartMidTransaction: the consumer is stopped while a
