@@ -404,4 +404,21 @@ func TestOnlyAbortedTransactions(t *testing.T) {
 	if end := e.endOffsets()[0]; end != 80 {
 		t.Errorf("the partition ends at %d, want 80 (60 records and 20 markers)", end)
 	}
+
+	// With Kafka's offsets as the only position, the group's committed
+	// offset moves past the dropped records too.
+	h := &consumertest.Counter{}
+	only := e.source(func(c *Config) { c.KafkaOffsetsOnly = true; c.Group = e.group + "-kafka" })
+	run := consumertest.Start(e.engine(only, h))
+	waitFor(t, time.Minute, "the Kafka offset at the end of the partition", func() bool {
+		offs, err := e.kafka.CommittedOffsets(context.Background(), e.group+"-kafka", e.topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return offs[0] == 80 && only.Lag()[laneName(e.topic, 0)] == 0
+	})
+	run.Stop(t)
+	if tot := h.Total(); tot.Applied+tot.Duplicate+tot.Parked != 0 {
+		t.Fatalf("KafkaOffsetsOnly: %s, want nothing", h)
+	}
 }
