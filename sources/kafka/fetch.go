@@ -61,6 +61,9 @@ type fetcher struct {
 	// highWatermark is the end of the partition's log as of the last
 	// fetch, -1 before the first; read by Lag from other goroutines.
 	highWatermark atomic.Int64
+	// throttled is when the broker, enforcing a quota, lets the next
+	// fetch be sent.
+	throttled time.Time
 }
 
 // fetchedRecord is one record a fetch delivers. Key, Value and header
@@ -116,6 +119,15 @@ func (f *fetcher) refresh() { f.transport.CloseIdleConnections() }
 // success f.offset moves to the result's next offset. An error leaves the
 // offset where it was; the caller backs off and calls fetch again.
 func (f *fetcher) fetch(ctx context.Context) (fetchResult, error) {
+	if wait := time.Until(f.throttled); wait > 0 {
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fetchResult{next: f.offset}, ctx.Err()
+		case <-t.C:
+		}
+	}
 	if f.offset < 0 {
 		if err := f.resolve(ctx); err != nil {
 			return fetchResult{next: f.offset}, err
@@ -151,6 +163,9 @@ func (f *fetcher) fetch(ctx context.Context) (fetchResult, error) {
 	res, ok := m.(*fetchapi.Response)
 	if !ok {
 		return fetchResult{next: f.offset}, fmt.Errorf("fetch: unexpected response %T", m)
+	}
+	if res.ThrottleTimeMs > 0 {
+		f.throttled = time.Now().Add(time.Duration(res.ThrottleTimeMs) * time.Millisecond)
 	}
 	if res.ErrorCode != 0 {
 		f.refresh()

@@ -11,6 +11,7 @@ import (
 	"github.com/effectively-once/effectively/internal/kafkatest"
 	"github.com/effectively-once/effectively/internal/pgtest"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // Tests of the partition fetcher's error paths.
@@ -100,4 +101,101 @@ func TestRecordsDeletedBeforePosition(t *testing.T) {
 		want = append(want, fmt.Sprintf("k-%d", i))
 	}
 	e.checkApplied(want, h)
+}
+
+// TestCloseDuringLongFetch: Close does not wait for the fetches in
+// flight: with a MaxWait of five minutes and nothing to fetch, every
+// partition's fetch waits at the broker, and Close still returns long
+// before any of them would end.
+func TestCloseDuringLongFetch(t *testing.T) {
+	e := newEnv(t, 2)
+	e.produce(0, 10)
+	h := &consumertest.Counter{}
+	src := e.source(func(c *Config) { c.MaxWait = 5 * time.Minute })
+	run := consumertest.Start(e.engine(src, h))
+	waitFor(t, time.Minute, "the stored offsets at the end of the partitions", func() bool {
+		ok, _ := e.atEnd(src)
+		return ok
+	})
+	run.Stop(t)
+	closed := make(chan struct{})
+	go func() {
+		_ = src.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("Close waited for the fetches in flight")
+	}
+}
+
+// TestCompactedTopic: a compacted topic whose log has gaps where the
+// cleaner removed records, inside batches and between them. Every record
+// the broker still holds (as a franz-go consumer reads it) is applied once,
+// and the stored offset reaches the end of the log.
+func TestCompactedTopic(t *testing.T) {
+	if os.Getenv("KAFKA_BROKERS") != "" {
+		t.Skip("needs the in-process cluster, to compact on demand")
+	}
+	k := kafkatest.New(t)
+	e := &env{t: t, kafka: k, topic: kafkatest.Name("accounts"), group: kafkatest.Name("ledger"), partitions: 1, pool: pgtest.NewPool(t)}
+	if err := k.Fake().CreateTopic(e.topic, 1, map[string]string{"cleanup.policy": "compact"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE effects (msg_id text NOT NULL, lane text NOT NULL, off bigint NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.DefaultProduceTopic(e.topic),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for b := range 20 { // 20 batches of 5 records, 7 keys
+		var recs []*kgo.Record
+		for j := range 5 {
+			i := b*5 + j
+			id := fmt.Sprintf("v-%d", i)
+			recs = append(recs, &kgo.Record{Key: []byte(fmt.Sprintf("acct-%d", i%7)), Value: []byte(id),
+				Headers: []kgo.RecordHeader{{Key: DefaultIDHeader, Value: []byte(id)}}})
+		}
+		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k.Fake().Compact()
+
+	// What the broker holds now, read by a client written by others.
+	rd, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{e.topic: {0: kgo.NewOffset().AtStart()}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	end := e.endOffsets()[0]
+	var want []string
+	for last := int64(-1); last < end-1; {
+		fs := rd.PollFetches(ctx)
+		if err := fs.Err(); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range fs.Records() {
+			want = append(want, string(r.Value))
+			last = r.Offset
+		}
+	}
+	if len(want) >= 100 {
+		t.Fatalf("compaction removed nothing: %d records", len(want))
+	}
+
+	h := &consumertest.Counter{}
+	src := e.source()
+	run := consumertest.Start(e.engine(src, h))
+	e.waitAtEnd(src, len(want))
+	run.Stop(t)
+	e.checkApplied(want, h)
+	t.Logf("%d of 100 records left after compaction, log end %d", len(want), end)
 }

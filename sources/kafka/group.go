@@ -274,8 +274,46 @@ func inFlight(lanes []*lane) bool {
 }
 
 // pump moves the records f fetches into l's buffer, waiting while it is
-// full, and moves l's position past the records f dropped.
+// full, and moves l's position past the records f dropped. The next fetch
+// is sent while the records of the last one are buffered.
 func (s *Source) pump(ctx context.Context, l *lane, f *fetcher) {
+	ctx, cancel := context.WithCancel(ctx)
+	results := make(chan fetchResult, 1)
+	fetching := make(chan struct{})
+	go func() {
+		defer close(fetching)
+		s.fetchLoop(ctx, l, f, results)
+	}()
+	defer func() {
+		cancel()
+		<-fetching
+	}()
+	for {
+		var res fetchResult
+		select {
+		case <-ctx.Done():
+			return
+		case res = <-results:
+		}
+		if !s.buffer(ctx, l, res.records) {
+			return
+		}
+		s.mu.Lock()
+		if l.state != laneActive {
+			s.mu.Unlock()
+			return
+		}
+		target, write := l.skipTo(res.next, s.store != nil)
+		s.mu.Unlock()
+		if write {
+			s.storeSkipped(ctx, l, target)
+		}
+	}
+}
+
+// fetchLoop fetches with f until ctx is done and sends the results, in
+// order, to results. Failures are logged and retried with a growing delay.
+func (s *Source) fetchLoop(ctx context.Context, l *lane, f *fetcher, results chan<- fetchResult) {
 	for failures := 0; ; {
 		res, err := f.fetch(ctx)
 		if err != nil {
@@ -292,18 +330,10 @@ func (s *Source) pump(ctx context.Context, l *lane, f *fetcher) {
 			continue
 		}
 		failures = 0
-		if !s.buffer(ctx, l, res.records) {
+		select {
+		case <-ctx.Done():
 			return
-		}
-		s.mu.Lock()
-		if l.state != laneActive {
-			s.mu.Unlock()
-			return
-		}
-		target, write := l.skipTo(res.next, s.store != nil)
-		s.mu.Unlock()
-		if write {
-			s.storeSkipped(ctx, l, target)
+		case results <- res:
 		}
 	}
 }

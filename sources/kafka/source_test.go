@@ -30,6 +30,7 @@ func TestConfigErrors(t *testing.T) {
 		{"HeartbeatInterval", func(c *Config) { c.SessionTimeout = time.Second; c.HeartbeatInterval = 2 * time.Second }},
 		{"RevokeTimeout", func(c *Config) { c.RebalanceTimeout = time.Second; c.RevokeTimeout = 2 * time.Second }},
 		{"PartitionBuffer", func(c *Config) { c.PartitionBuffer = -1 }},
+		{"ReadUncommitted", func(c *Config) { c.ReadCommitted = true; c.ReadUncommitted = true }},
 		{"OffsetsTable", func(c *Config) { c.OffsetsTable = strings.Repeat("x", 64) }},
 	}
 	for _, tc := range cases {

@@ -2,13 +2,17 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/jackc/pgx/v5"
 	kafkago "github.com/segmentio/kafka-go"
@@ -241,9 +245,58 @@ func TestReadCommittedTransactions(t *testing.T) {
 	run = consumertest.Start(e.engine(src, h2))
 	e.waitAtEnd(src, len(log.committed)+len(log.plains))
 	run.Stop(t)
+	_ = src.Close()
 	e.checkApplied(append(slices.Clone(log.committed), log.plains...), h2)
-	t.Logf("%d committed and %d aborted transactions; %d committed, %d aborted and %d plain records; first %s; second %s",
-		log.commits, log.aborts, len(log.committed), len(log.aborted), len(log.plains), h, h2)
+
+	// A consumer dies in the middle: batches of 4, and from the fourth on
+	// every batch hangs until the consumer stops, so those never commit.
+	for r := 8; r < 12; r++ {
+		log.round(r)
+	}
+	h3 := &consumertest.Counter{}
+	src = e.source()
+	var batches atomic.Int32
+	hung := make(chan struct{})
+	var once sync.Once
+	c := e.engine(src, h3, func(cfg *consumer.Config) {
+		cfg.BatchSize = 4
+		cfg.ShutdownTimeout = 200 * time.Millisecond
+		cfg.BatchHandler = func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+			if batches.Add(1) > 3 {
+				once.Do(func() { close(hung) })
+				<-ctx.Done()
+				return ctx.Err()
+			}
+			return insertEffects(ctx, tx, msgs)
+		}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	select {
+	case <-hung:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("no fourth batch; %s", h3)
+	}
+	cancel()
+	if err := <-done; err != nil && !errors.Is(err, consumer.ErrShutdownTimeout) {
+		t.Fatalf("Run: %v", err)
+	}
+	_ = src.Close()
+	if _, applied := e.effects(); applied >= len(log.committed)+len(log.plains) {
+		t.Fatalf("the third consumer applied everything (%d) before it died", applied)
+	}
+	h4 := &consumertest.Counter{}
+	src = e.source()
+	run = consumertest.Start(e.engine(src, h4))
+	e.waitAtEnd(src, len(log.committed)+len(log.plains))
+	run.Stop(t)
+	e.checkApplied(append(slices.Clone(log.committed), log.plains...), h4)
+	if log.commits < 9 || log.aborts < 9 {
+		t.Fatalf("only %d committed and %d aborted transactions", log.commits, log.aborts)
+	}
+	t.Logf("%d committed and %d aborted transactions; %d committed, %d aborted and %d plain records; first %s; second %s; third (died) %s; fourth %s",
+		log.commits, log.aborts, len(log.committed), len(log.aborted), len(log.plains), h, h2, h3, h4)
 }
 
 // TestReadCommittedRestartMidTransaction: the consumer is stopped while a
@@ -308,4 +361,64 @@ func TestReadUncommittedTransactions(t *testing.T) {
 	e.waitAtEnd(src, len(all))
 	run.Stop(t)
 	e.checkApplied(all, h)
+}
+
+// TestOnlyAbortedTransactions: a partition holding nothing but aborted
+// transactions and their markers. Nothing is applied, no batch is ever
+// handed out, and the stored offset still reaches the end of the log: the
+// source neither spins on the dropped records nor fetches them again after
+// a restart.
+func TestOnlyAbortedTransactions(t *testing.T) {
+	e := newEnv(t, 1)
+	log := newTxnLog(e, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl := log.producers[0]
+	for i := range 20 {
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		for j := range 3 {
+			key := fmt.Sprintf("aborted-%d-%d", i, j)
+			rec := &kgo.Record{Value: []byte(key), Headers: []kgo.RecordHeader{{Key: DefaultIDHeader, Value: []byte(key)}}}
+			if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := cl.EndTransaction(ctx, kgo.TryAbort); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for round := range 2 { // the second source starts where the first stored
+		h := &consumertest.Counter{}
+		src := e.source()
+		run := consumertest.Start(e.engine(src, h))
+		e.waitAtEnd(src, 0)
+		run.Stop(t)
+		_ = src.Close()
+		if tot := h.Total(); tot.Applied+tot.Duplicate+tot.Parked != 0 {
+			t.Fatalf("round %d: %s, want nothing", round, h)
+		}
+	}
+	e.checkApplied(nil, &consumertest.Counter{})
+	if end := e.endOffsets()[0]; end != 80 {
+		t.Errorf("the partition ends at %d, want 80 (60 records and 20 markers)", end)
+	}
+
+	// With Kafka's offsets as the only position, the group's committed
+	// offset moves past the dropped records too.
+	h := &consumertest.Counter{}
+	only := e.source(func(c *Config) { c.KafkaOffsetsOnly = true; c.Group = e.group + "-kafka" })
+	run := consumertest.Start(e.engine(only, h))
+	waitFor(t, time.Minute, "the Kafka offset at the end of the partition", func() bool {
+		offs, err := e.kafka.CommittedOffsets(context.Background(), e.group+"-kafka", e.topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return offs[0] == 80 && only.Lag()[laneName(e.topic, 0)] == 0
+	})
+	run.Stop(t)
+	if tot := h.Total(); tot.Applied+tot.Duplicate+tot.Parked != 0 {
+		t.Fatalf("KafkaOffsetsOnly: %s, want nothing", h)
+	}
 }
