@@ -19,6 +19,12 @@ type generation struct {
 	commit chan struct{} // asks for a Kafka offset commit
 }
 
+// groupState is what a Source keeps of its consumer group membership,
+// guarded by Source.mu.
+type groupState struct {
+	generations int // generations started, for tests
+}
+
 // start joins the consumer group, once.
 func (s *Source) start() error {
 	s.startOnce.Do(func() {
@@ -81,6 +87,9 @@ func (s *Source) setGroupErr(err error) {
 // generation's end revokes the lanes.
 func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 	g := &generation{id: gen.ID, commit: make(chan struct{}, 1)}
+	s.mu.Lock()
+	s.gs.generations++
+	s.mu.Unlock()
 	var tps []topicPartition
 	kafkaStart := make(map[topicPartition]int64)
 	for topic, parts := range gen.Assignments {

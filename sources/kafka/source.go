@@ -47,6 +47,8 @@ type Source struct {
 	// counts carries Message.Attempt across generations: what this source
 	// delivered of each partition and has not seen committed.
 	counts map[topicPartition]*deliveryCounts
+	// gs is the consumer group membership's state (group.go, topics.go).
+	gs groupState
 
 	horizon horizonCache
 }
