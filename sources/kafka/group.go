@@ -17,24 +17,41 @@ type generation struct {
 	id     int32
 	lanes  []*lane
 	commit chan struct{} // asks for a Kafka offset commit
+	// base is the topic metadata the assignment was computed from, when
+	// this member computed it (it is the group's leader); nil otherwise.
+	base    topicView
+	ending  chan struct{} // closed by end
+	endOnce sync.Once
 }
+
+// end makes the generation end early, so that the member rejoins the group.
+func (g *generation) end() { g.endOnce.Do(func() { close(g.ending) }) }
 
 // groupState is what a Source keeps of its consumer group membership,
 // guarded by Source.mu.
 type groupState struct {
-	generations int // generations started, for tests
+	meta        *metadataReader // set once by start; has its own lock
+	generations int             // generations started
+	current     *generation     // the generation running, if any
+	// leaderView is what this member's balancer assigned from, when it
+	// computed the assignment for the generation about to start.
+	leaderView topicView
+	// missing holds the topics found missing, with when that was last logged.
+	missing map[string]time.Time
 }
 
 // start joins the consumer group, once.
 func (s *Source) start() error {
 	s.startOnce.Do(func() {
 		c := s.cfg
+		s.gs.meta = &metadataReader{s: s} // before the group: its leader's balancer reads metadata
 		var err error
 		s.group, err = kafkago.NewConsumerGroup(kafkago.ConsumerGroupConfig{
 			ID:                c.Group,
 			Brokers:           c.Brokers,
 			Dialer:            s.dialer,
 			Topics:            c.Topics,
+			GroupBalancers:    s.balancers(),
 			HeartbeatInterval: c.HeartbeatInterval,
 			SessionTimeout:    c.SessionTimeout,
 			RebalanceTimeout:  c.RebalanceTimeout,
@@ -57,11 +74,27 @@ func (s *Source) start() error {
 
 func (s *Source) run() {
 	defer close(s.runDone)
+	var watch sync.WaitGroup
+	watch.Add(1)
+	go func() {
+		defer watch.Done()
+		s.watchTopics(s.runCtx)
+	}()
+	defer watch.Wait()
 	for {
 		gen, err := s.group.Next(s.runCtx)
 		if err != nil {
 			if s.runCtx.Err() != nil || errors.Is(err, kafkago.ErrGroupClosed) {
 				return
+			}
+			if errors.Is(err, kafkago.RebalanceInProgress) {
+				// Another member joined while this one synced: it joins
+				// again at once. Not a failure of the group.
+				s.log.Debug("kafka: consumer group", "group", s.cfg.Group, "err", err)
+				s.mu.Lock()
+				s.gs.leaderView = nil
+				s.mu.Unlock()
+				continue
 			}
 			s.log.Warn("kafka: consumer group", "group", s.cfg.Group, "err", err)
 			s.setGroupErr(err)
@@ -78,6 +111,9 @@ func (s *Source) setGroupErr(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.groupErr = err
+	if err != nil {
+		s.gs.leaderView = nil // computed for a generation that did not start
+	}
 	s.notifyLocked()
 }
 
@@ -86,10 +122,19 @@ func (s *Source) setGroupErr(err error) {
 // records into the lanes, commits settled offsets to Kafka, and on the
 // generation's end revokes the lanes.
 func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
-	g := &generation{id: gen.ID, commit: make(chan struct{}, 1)}
+	g := &generation{id: gen.ID, commit: make(chan struct{}, 1), ending: make(chan struct{})}
 	s.mu.Lock()
 	s.gs.generations++
+	s.gs.current = g
+	g.base, s.gs.leaderView = s.gs.leaderView, nil
 	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		if s.gs.current == g {
+			s.gs.current = nil
+		}
+		s.mu.Unlock()
+	}()
 	var tps []topicPartition
 	kafkaStart := make(map[topicPartition]int64)
 	for topic, parts := range gen.Assignments {
@@ -180,6 +225,8 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 	for done := false; !done; {
 		select {
 		case <-ctx.Done():
+			done = true
+		case <-g.ending:
 			done = true
 		case <-g.commit:
 			s.commitKafka(gen, g)

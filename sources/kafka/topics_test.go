@@ -180,6 +180,10 @@ func TestPartitionsAdded(t *testing.T) {
 	wb := startWorkers(ctx, b, e.pool, 1, 50, nil)
 	e.produce(0, 20)
 	e.waitEffects(20, time.Minute)
+	// Both members own a partition: the group is stable before the change.
+	waitFor(t, time.Minute, "one partition for each member", func() bool {
+		return len(a.Assignment()) == 1 && len(b.Assignment()) == 1
+	})
 
 	client := &kafkago.Client{Addr: kafkago.TCP(e.kafka.Brokers()...), Timeout: 30 * time.Second}
 	resp, err := client.CreatePartitions(ctx, &kafkago.CreatePartitionsRequest{
