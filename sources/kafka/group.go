@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
+	"slices"
 	"sync"
 	"time"
 
@@ -144,81 +144,77 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 			kafkaStart[tp] = p.Offset
 		}
 	}
-	sort.Slice(tps, func(i, j int) bool {
-		if tps[i].topic != tps[j].topic {
-			return tps[i].topic < tps[j].topic
-		}
-		return tps[i].partition < tps[j].partition
-	})
-
-	var stored map[topicPartition]int64
-	if s.store != nil && len(tps) > 0 {
-		for attempt := 0; ; attempt++ {
-			var err error
-			if stored, err = s.store.claim(ctx, gen.ID, tps); err == nil {
-				break
-			}
-			if ctx.Err() != nil {
-				return
-			}
-			s.log.Error("kafka: claiming partitions", "group", s.cfg.Group, "generation", gen.ID, "err", err)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(min(time.Second<<min(attempt, 5), 30*time.Second)):
-			}
-		}
-	}
+	sortPartitions(tps)
+	s.log.Info("kafka: generation started", "group", s.cfg.Group, "generation", gen.ID,
+		"member", gen.MemberID, "partitions", len(tps))
 
 	pumpCtx, stopPumps := context.WithCancel(context.Background())
 	var pumps sync.WaitGroup
-	var readers []*kafkago.Reader
-	for _, tp := range tps {
-		start := kafkaStart[tp]
-		if s.store != nil {
-			next, ok := stored[tp]
-			if !ok {
-				s.log.Error("kafka: partition is owned by a newer generation in Postgres; not consuming it in this generation "+
-					"(if the group was deleted and recreated, delete its rows from the offsets table)",
-					"group", s.cfg.Group, "lane", laneName(tp.topic, tp.partition), "generation", gen.ID)
-				continue
-			}
-			if next >= 0 {
+	// startLanes starts consuming the claimed partitions, each from its
+	// offset stored in Postgres (-1: none), else the one in Kafka.
+	startLanes := func(claimed []topicPartition, stored map[topicPartition]int64) {
+		type started struct {
+			l     *lane
+			start int64
+		}
+		var lanes []started
+		for _, tp := range claimed {
+			start := kafkaStart[tp]
+			if next, ok := stored[tp]; ok && next >= 0 {
 				start = next
 			}
+			s.mu.Lock()
+			s.forgetCounts(tp, start)
+			s.mu.Unlock()
+			l := &lane{
+				name: laneName(tp.topic, tp.partition), topic: tp.topic, partition: tp.partition, gen: g,
+				space: make(chan struct{}), delivered: -1, committed: -1, kafkaCommitted: -1,
+			}
+			if start >= 0 {
+				l.delivered, l.committed = start, start
+			}
+			if k := kafkaStart[tp]; k >= 0 {
+				l.kafkaCommitted = k
+			}
+			lanes = append(lanes, started{l, start})
+		}
+		if len(lanes) == 0 {
+			return
+		}
+		names := make([]string, len(lanes))
+		for i, st := range lanes {
+			names[i] = st.l.name
+		}
+		s.assigned(ctx, claimed)
+		for _, st := range lanes {
+			l, start := st.l, st.start
+			r := kafkago.NewReader(s.readerConfig(topicPartition{l.topic, l.partition}))
+			l.reader = r
+			if err := r.SetOffset(start); err != nil {
+				s.log.Error("kafka: seek", "lane", l.name, "offset", start, "err", err)
+			}
+			pumps.Add(1)
+			go func() {
+				defer pumps.Done()
+				s.pump(pumpCtx, l, r)
+			}()
 		}
 		s.mu.Lock()
-		s.forgetCounts(tp, start)
+		for _, st := range lanes {
+			g.lanes = append(g.lanes, st.l)
+			s.lanes = append(s.lanes, st.l)
+		}
+		s.notifyLocked()
 		s.mu.Unlock()
-		l := &lane{
-			name: laneName(tp.topic, tp.partition), topic: tp.topic, partition: tp.partition, gen: g,
-			space: make(chan struct{}), delivered: -1, committed: -1, kafkaCommitted: -1,
-		}
-		if start >= 0 {
-			l.delivered, l.committed = start, start
-		}
-		if k := kafkaStart[tp]; k >= 0 {
-			l.kafkaCommitted = k
-		}
-		r := kafkago.NewReader(s.readerConfig(tp))
-		l.reader = r
-		g.lanes = append(g.lanes, l)
-		if err := r.SetOffset(start); err != nil {
-			s.log.Error("kafka: seek", "lane", l.name, "offset", start, "err", err)
-		}
-		readers = append(readers, r)
-		pumps.Add(1)
-		go func() {
-			defer pumps.Done()
-			s.pump(pumpCtx, l, r)
-		}()
+		s.log.Info("kafka: partitions claimed", "group", s.cfg.Group, "generation", gen.ID, "lanes", names)
 	}
-	s.mu.Lock()
-	s.lanes = append(s.lanes, g.lanes...)
-	s.notifyLocked()
-	s.mu.Unlock()
-	s.log.Info("kafka: generation started", "group", s.cfg.Group, "generation", gen.ID,
-		"member", gen.MemberID, "partitions", len(g.lanes))
+	claimCtx, stopClaims := context.WithCancel(ctx)
+	var claims sync.WaitGroup
+	claims.Add(1)
+	go func() {
+		defer claims.Done()
+		s.claimPartitions(claimCtx, gen.ID, tps, startLanes)
+	}()
 
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -235,14 +231,98 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 		}
 	}
 
+	stopClaims()
+	claims.Wait() // no lane starts after this
 	s.revoke(g)
 	s.commitKafka(gen, g)
 	stopPumps()
 	pumps.Wait()
-	for _, r := range readers {
-		_ = r.Close()
+	for _, l := range g.lanes {
+		_ = l.reader.Close()
 	}
 	s.log.Info("kafka: generation ended", "group", s.cfg.Group, "generation", gen.ID)
+}
+
+// Claim retries: a partition whose offsets row is locked by a transaction
+// in progress is claimed again after claimRetryMin, doubling up to
+// claimRetryMax, until that transaction ended.
+const (
+	claimRetryMin = 50 * time.Millisecond
+	claimRetryMax = time.Second
+)
+
+// claimPartitions claims tps for generation gen in Postgres and hands the
+// claimed ones to start, at once for the partitions that are free and
+// later for those whose row another transaction holds locked (a batch of
+// an earlier owner that has not committed yet, perhaps of a frozen
+// process), until all are claimed or ctx is done. Partitions owned by a
+// newer generation are logged and left alone. Without the offsets table
+// every partition starts at once.
+func (s *Source) claimPartitions(ctx context.Context, gen int32, tps []topicPartition, start func([]topicPartition, map[topicPartition]int64)) {
+	if s.store == nil {
+		start(tps, nil)
+		return
+	}
+	pending := tps
+	wait := claimRetryMin
+	failures := 0
+	var waitingSince time.Time
+	for len(pending) > 0 {
+		claimed, busy, err := s.store.claim(ctx, gen, pending)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, errClaimBusy):
+			busy = pending
+		case err != nil:
+			s.log.Error("kafka: claiming partitions", "group", s.cfg.Group, "generation", gen, "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(min(time.Second<<min(failures, 5), 30*time.Second)):
+			}
+			failures++
+			continue
+		}
+		failures = 0
+		var got []topicPartition
+		for _, tp := range pending {
+			if _, ok := claimed[tp]; ok {
+				got = append(got, tp)
+			} else if !slices.Contains(busy, tp) {
+				s.log.Error("kafka: partition is owned by a newer generation in Postgres; not consuming it in this generation "+
+					"(if the group was deleted and recreated, delete its rows from the offsets table)",
+					"group", s.cfg.Group, "lane", laneName(tp.topic, tp.partition), "generation", gen)
+			}
+		}
+		start(got, claimed)
+		if len(busy) > 0 && waitingSince.IsZero() {
+			waitingSince = time.Now()
+			s.log.Warn("kafka: offsets rows locked by a transaction of an earlier owner; consuming the other partitions, and these once it ends",
+				"group", s.cfg.Group, "generation", gen, "lanes", laneNames(busy))
+		} else if len(got) > 0 && !waitingSince.IsZero() {
+			s.log.Info("kafka: locked partitions claimed", "group", s.cfg.Group, "generation", gen,
+				"lanes", laneNames(got), "waited", time.Since(waitingSince).Round(time.Millisecond))
+		}
+		pending = busy
+		if len(pending) == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(wait*2, claimRetryMax)
+	}
+}
+
+func laneNames(tps []topicPartition) []string {
+	out := make([]string, len(tps))
+	for i, tp := range tps {
+		out[i] = laneName(tp.topic, tp.partition)
+	}
+	return out
 }
 
 // revoke stops handing out g's lanes, lets their in-flight batches finish
@@ -295,6 +375,7 @@ func (s *Source) revoke(g *generation) {
 	if abandoned > 0 {
 		s.log.Warn("kafka: batches abandoned at revoke", "group", s.cfg.Group, "generation", g.id, "batches", abandoned)
 	}
+	s.revoked(g.lanes)
 }
 
 func inFlight(lanes []*lane) bool {
