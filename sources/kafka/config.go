@@ -58,14 +58,26 @@ type Config struct {
 	PartitionBuffer int
 
 	// SessionTimeout is how long the coordinator waits for a heartbeat
-	// before it considers a member dead. Defaults to 30s.
+	// before it considers a member dead and gives its partitions to the
+	// others: the partitions of a worker that died without leaving the
+	// group (kill -9, a crash, a lost host) stall for about that long. A
+	// shorter one fails over sooner, but a member whose heartbeats stop for
+	// longer (a stopped process, a GC or scheduling pause, a network
+	// hiccup) is dropped and its partitions move, a rebalance that costs
+	// the whole group up to RevokeTimeout. Brokers refuse values outside
+	// group.min.session.timeout.ms and group.max.session.timeout.ms (6s and
+	// 30 minutes by default). Defaults to 10s.
 	SessionTimeout time.Duration
-	// HeartbeatInterval is the time between heartbeats; rebalances are
-	// noticed on the next heartbeat. Defaults to the smaller of 3s and a
-	// third of SessionTimeout.
+	// HeartbeatInterval is the time between heartbeats; a member notices a
+	// rebalance on its next heartbeat, so every rebalance takes at least
+	// that long. Heartbeats are small requests to the group's coordinator.
+	// Defaults to the smaller of 1s and a third of SessionTimeout.
 	HeartbeatInterval time.Duration
 	// RebalanceTimeout is how long the coordinator waits for members to
-	// rejoin during a rebalance. Defaults to 30s.
+	// rejoin during a rebalance; a member that does not rejoin in time (it
+	// still waits for its batches, see RevokeTimeout) is dropped from the
+	// group. It bounds a rebalance only when a member fails to rejoin: live
+	// members rejoin after their in-flight batches settled. Defaults to 30s.
 	RebalanceTimeout time.Duration
 	// RevokeTimeout is how long in-flight batches of revoked partitions may
 	// still commit when a rebalance starts; after it they are abandoned and
@@ -178,10 +190,10 @@ func (c Config) withDefaults() Config {
 		c.PartitionBuffer = 1000
 	}
 	if c.SessionTimeout == 0 {
-		c.SessionTimeout = 30 * time.Second
+		c.SessionTimeout = 10 * time.Second
 	}
 	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = min(3*time.Second, c.SessionTimeout/3)
+		c.HeartbeatInterval = min(time.Second, c.SessionTimeout/3)
 	}
 	if c.RebalanceTimeout == 0 {
 		c.RebalanceTimeout = 30 * time.Second

@@ -73,6 +73,44 @@
 // which they are abandoned (their commit is refused and nothing is
 // acknowledged for them). Close abandons at once.
 //
+// # Failover
+//
+// A worker that stops without leaving the group (kill -9, a crash, a lost
+// host) keeps its partitions until the coordinator's session timeout
+// expires. Then the coordinator rebalances the group: the others notice on
+// their next heartbeat, let their in-flight batches finish (up to
+// Config.RevokeTimeout) and rejoin, and the new owners claim the dead
+// worker's partitions. So they stall for about Config.SessionTimeout +
+// Config.HeartbeatInterval + the survivors' in-flight batches, and at most
+// SessionTimeout + Config.RebalanceTimeout when a survivor is slow to
+// rejoin (the coordinator drops it then). With the defaults (10s, 1s, 30s)
+// that is about 11s, measured with kfake (TestFailoverAfterKill), and at
+// most 40s. The dead worker's open transactions end when PostgreSQL sees
+// its connections close, so they hold no offsets row.
+//
+// The session timeout is a trade-off: a shorter one fails over sooner, but
+// a worker whose heartbeats pause for longer (a stopped process, a long GC
+// or scheduling pause, a network hiccup) is dropped from the group, and the
+// rebalance that follows pauses every partition of the group for up to
+// RevokeTimeout. Brokers accept session timeouts between
+// group.min.session.timeout.ms and group.max.session.timeout.ms (6s and 30
+// minutes by default). Heartbeats run on their own goroutine, so a slow
+// handler does not miss them. A worker that leaves in an orderly way
+// (Close) leaves the group, and its partitions move at once.
+//
+// # Rebalance hooks
+//
+// Config.OnAssigned is called with the partitions a generation claimed,
+// after the claim in Postgres and before any of their batches is handed
+// out (partitions whose offsets row was locked come in a later call, once
+// claimed). Config.OnRevoked is called when the generation ended, after
+// the in-flight batches of its partitions committed or were abandoned, and
+// before the member rejoins the group, so before another member is given
+// them in an orderly rebalance (a member the coordinator already dropped
+// may be called later; the Postgres fence keeps its batches out). They
+// are called from the generation's goroutine: they must return promptly,
+// and a slow OnRevoked delays the rebalance of the whole group.
+//
 // # Topics and partitions that change
 //
 // The source reads the metadata of Config.Topics every

@@ -118,9 +118,10 @@ func (s *Source) setGroupErr(err error) {
 }
 
 // runGeneration owns the partitions assigned in gen until the generation
-// ends: it claims them in Postgres, seeks each to its stored offset, pumps
-// records into the lanes, commits settled offsets to Kafka, and on the
-// generation's end revokes the lanes.
+// ends (or the topics' metadata changed, see topics.go): it claims them in
+// Postgres (those whose row is locked later, see claimPartitions), seeks
+// each to its stored offset, pumps records into the lanes, commits settled
+// offsets to Kafka, and on the generation's end revokes the lanes.
 func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 	g := &generation{id: gen.ID, commit: make(chan struct{}, 1), ending: make(chan struct{})}
 	s.mu.Lock()
