@@ -143,6 +143,10 @@ func TestIdleTxTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var before string
+	if err := conn.QueryRow(ctx, `SHOW idle_in_transaction_session_timeout`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -158,8 +162,8 @@ func TestIdleTxTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn.Release()
-	if after != "0" {
-		t.Errorf("idle_in_transaction_session_timeout is %q after the commit, want the server's 0", after)
+	if after != before {
+		t.Errorf("idle_in_transaction_session_timeout is %q after the commit, want %q as before the transaction", after, before)
 	}
 	if err := a.Settle(ctx, first, first.Messages, nil); err != nil {
 		t.Fatal(err)
