@@ -86,7 +86,9 @@
 // rejoin (the coordinator drops it then). With the defaults (10s, 1s, 30s)
 // that is about 11s, measured with kfake (TestFailoverAfterKill), and at
 // most 40s. The dead worker's open transactions end when PostgreSQL sees
-// its connections close, so they hold no offsets row.
+// its connections close (for a host that is gone, after
+// Config.IdleTxTimeout at the latest once past BeforeCommit), so they hold
+// no offsets row by then.
 //
 // The session timeout is a trade-off: a shorter one fails over sooner, but
 // a worker whose heartbeats pause for longer (a stopped process, a long GC
@@ -121,7 +123,8 @@
 // (the group's leader) rejoins the group when the metadata changed since:
 // a topic was created or deleted, or partitions were added. The coordinator
 // then rebalances the group, so new topics and partitions are consumed
-// within about MetadataInterval plus a rebalance (see "Failover" below).
+// within about MetadataInterval plus a rebalance (HeartbeatInterval plus
+// the members' in-flight batches, see "Failover").
 // The group's leader assigns the partitions of the topics that exist even
 // when others do not (kafka-go's own leader assigns nothing at all then),
 // under kafka-go's protocol names ("range", then "roundrobin"), so members
