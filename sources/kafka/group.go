@@ -267,7 +267,7 @@ func (s *Source) claimPartitions(ctx context.Context, gen int32, tps []topicPart
 	pending := tps
 	wait := claimRetryMin
 	failures := 0
-	var waitingSince time.Time
+	var waitingSince, warned time.Time
 	for len(pending) > 0 {
 		claimed, busy, err := s.store.claim(ctx, gen, pending)
 		switch {
@@ -297,10 +297,13 @@ func (s *Source) claimPartitions(ctx context.Context, gen int32, tps []topicPart
 			}
 		}
 		start(got, claimed)
-		if len(busy) > 0 && waitingSince.IsZero() {
-			waitingSince = time.Now()
+		if len(busy) > 0 && (waitingSince.IsZero() || time.Since(warned) >= time.Minute) {
+			if waitingSince.IsZero() {
+				waitingSince = time.Now()
+			}
+			warned = time.Now()
 			s.log.Warn("kafka: offsets rows locked by a transaction of an earlier owner; consuming the other partitions, and these once it ends",
-				"group", s.cfg.Group, "generation", gen, "lanes", laneNames(busy))
+				"group", s.cfg.Group, "generation", gen, "lanes", laneNames(busy), "waited", time.Since(waitingSince).Round(time.Millisecond))
 		} else if len(got) > 0 && !waitingSince.IsZero() {
 			s.log.Info("kafka: locked partitions claimed", "group", s.cfg.Group, "generation", gen,
 				"lanes", laneNames(got), "waited", time.Since(waitingSince).Round(time.Millisecond))
