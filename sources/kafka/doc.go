@@ -116,10 +116,11 @@
 // # Topics and partitions that change
 //
 // The source reads the metadata of Config.Topics every
-// Config.MetadataInterval (10s by default). A topic that does not exist (or
-// that the credentials may not read) is logged as a warning naming it,
-// again every five minutes while it stays so, and the group consumes the
-// other topics meanwhile. The member that computed the group's assignment
+// Config.MetadataInterval (10s by default). A topic that does not exist is
+// logged as a warning naming it, again every five minutes while it stays
+// so, and the group consumes the other topics meanwhile. (A topic the
+// credentials may not read is logged the same way, but kafka-go's group
+// leader then fails to join the group, which Fetch reports.) The member that computed the group's assignment
 // (the group's leader) rejoins the group when the metadata changed since:
 // a topic was created or deleted, or partitions were added. The coordinator
 // then rebalances the group, so new topics and partitions are consumed
