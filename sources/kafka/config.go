@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -74,14 +75,26 @@ type Config struct {
 	PartitionBuffer int
 
 	// SessionTimeout is how long the coordinator waits for a heartbeat
-	// before it considers a member dead. Defaults to 30s.
+	// before it considers a member dead and gives its partitions to the
+	// others: the partitions of a worker that died without leaving the
+	// group (kill -9, a crash, a lost host) stall for about that long. A
+	// shorter one fails over sooner, but a member whose heartbeats stop for
+	// longer (a stopped process, a GC or scheduling pause, a network
+	// hiccup) is dropped and its partitions move, a rebalance that costs
+	// the whole group up to RevokeTimeout. Brokers refuse values outside
+	// group.min.session.timeout.ms and group.max.session.timeout.ms (6s and
+	// 30 minutes by default). Defaults to 10s.
 	SessionTimeout time.Duration
-	// HeartbeatInterval is the time between heartbeats; rebalances are
-	// noticed on the next heartbeat. Defaults to the smaller of 3s and a
-	// third of SessionTimeout.
+	// HeartbeatInterval is the time between heartbeats; a member notices a
+	// rebalance on its next heartbeat, so every rebalance takes at least
+	// that long. Heartbeats are small requests to the group's coordinator.
+	// Defaults to the smaller of 1s and a third of SessionTimeout.
 	HeartbeatInterval time.Duration
 	// RebalanceTimeout is how long the coordinator waits for members to
-	// rejoin during a rebalance. Defaults to 30s.
+	// rejoin during a rebalance; a member that does not rejoin in time (it
+	// still waits for its batches, see RevokeTimeout) is dropped from the
+	// group. It bounds a rebalance only when a member fails to rejoin: live
+	// members rejoin after their in-flight batches settled. Defaults to 30s.
 	RebalanceTimeout time.Duration
 	// RevokeTimeout is how long in-flight batches of revoked partitions may
 	// still commit when a rebalance starts; after it they are abandoned and
@@ -91,6 +104,43 @@ type Config struct {
 	// JoinGroupBackoff is the wait before rejoining the group after an
 	// error. Defaults to 5s.
 	JoinGroupBackoff time.Duration
+
+	// MetadataInterval is how often the source reads the metadata of
+	// Topics, to notice a topic created or deleted and partitions added:
+	// the member that computes the group's assignment rejoins the group when
+	// they changed, so new partitions are consumed within about
+	// MetadataInterval plus a rebalance. A topic that does not exist is
+	// logged as a warning naming it, and the other topics are consumed
+	// meanwhile. Defaults to 10s.
+	MetadataInterval time.Duration
+	// IdleTxTimeout bounds how long a batch transaction may stay idle after
+	// BeforeCommit stored the partition's offset, which locks the
+	// partition's row in the offsets table until the transaction ends.
+	// BeforeCommit sets PostgreSQL's idle_in_transaction_session_timeout to
+	// it for the rest of the transaction, so a worker that freezes between
+	// BeforeCommit and its commit (stopped, a long GC pause) has its
+	// session ended by the server, its transaction rolled back and the row
+	// unlocked, and the partition's next owner does not wait for it. A
+	// negative value leaves the server's setting. Defaults to 5s.
+	IdleTxTimeout time.Duration
+
+	// OnAssigned, when set, is called with the partitions a generation
+	// claimed, after the claim in Postgres and before any batch of them is
+	// handed out. Partitions whose offsets row was locked at the claim are
+	// reported in a later call, once claimed. ctx is done when the
+	// generation ends. It must return promptly: the partitions are not
+	// read until it returns.
+	OnAssigned func(ctx context.Context, partitions []TopicPartition)
+	// OnRevoked, when set, is called with the partitions OnAssigned
+	// reported for a generation, once that generation ended and their
+	// in-flight batches committed or were abandoned (see RevokeTimeout),
+	// and before this member rejoins the group, so before another member
+	// is given them in an orderly rebalance. A member dropped by the
+	// coordinator (it did not rejoin in time) may be called after another
+	// member took the partitions over; the Postgres fence keeps its
+	// batches from committing then. ctx expires after RevokeTimeout. It
+	// is called on Close too.
+	OnRevoked func(ctx context.Context, partitions []TopicPartition)
 
 	// IDHeader names the header whose value is the message's default dedupe
 	// ID (Message.ID). Messages without it, or with an empty value, get
@@ -157,10 +207,10 @@ func (c Config) withDefaults() Config {
 		c.PartitionBuffer = 1000
 	}
 	if c.SessionTimeout == 0 {
-		c.SessionTimeout = 30 * time.Second
+		c.SessionTimeout = 10 * time.Second
 	}
 	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = min(3*time.Second, c.SessionTimeout/3)
+		c.HeartbeatInterval = min(time.Second, c.SessionTimeout/3)
 	}
 	if c.RebalanceTimeout == 0 {
 		c.RebalanceTimeout = 30 * time.Second
@@ -170,6 +220,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.JoinGroupBackoff == 0 {
 		c.JoinGroupBackoff = 5 * time.Second
+	}
+	if c.MetadataInterval == 0 {
+		c.MetadataInterval = 10 * time.Second
+	}
+	if c.IdleTxTimeout == 0 {
+		c.IdleTxTimeout = 5 * time.Second
 	}
 	if c.IDHeader == "" {
 		c.IDHeader = DefaultIDHeader
@@ -249,6 +305,10 @@ func (c Config) validate() error {
 		return bad("RevokeTimeout", "%s must be shorter than RebalanceTimeout %s, or the coordinator drops the member before its batches finish", c.RevokeTimeout, c.RebalanceTimeout)
 	case c.JoinGroupBackoff < 0:
 		return bad("JoinGroupBackoff", "must not be negative, got %s", c.JoinGroupBackoff)
+	case c.MetadataInterval < 0:
+		return bad("MetadataInterval", "must not be negative, got %s", c.MetadataInterval)
+	case c.IdleTxTimeout > 0 && c.IdleTxTimeout < time.Millisecond:
+		return bad("IdleTxTimeout", "%s is shorter than PostgreSQL's resolution of 1ms", c.IdleTxTimeout)
 	case len(c.Schema) > maxIdentLen:
 		return bad("Schema", "%q is longer than %d bytes", c.Schema, maxIdentLen)
 	case len(c.OffsetsTable) > maxIdentLen:
@@ -259,7 +319,7 @@ func (c Config) validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"SessionTimeout", c.SessionTimeout}, {"RebalanceTimeout", c.RebalanceTimeout}, {"HeartbeatInterval", c.HeartbeatInterval}} {
+	}{{"SessionTimeout", c.SessionTimeout}, {"RebalanceTimeout", c.RebalanceTimeout}, {"HeartbeatInterval", c.HeartbeatInterval}, {"IdleTxTimeout", c.IdleTxTimeout}} {
 		if d.v/time.Millisecond >= 1<<31-1 {
 			return bad(d.name, "%s is too long", d.v)
 		}

@@ -22,8 +22,33 @@
 // of an older generation (a zombie that missed a rebalance) can then no
 // longer write the row: its BeforeCommit fails with an error wrapping
 // consumer.ErrFenced, the transaction rolls back, and its batch leaves no
-// effect. The claim takes the row lock, so it waits for a zombie's
-// transaction already past BeforeCommit and reads what it committed.
+// effect. A row locked by a transaction in progress (a batch of the
+// previous owner past BeforeCommit, not yet committed) is not waited for:
+// the partitions whose rows are free start at once, and the locked ones
+// are claimed again, after 50ms doubling up to 1s, until the transaction
+// ended; then the claim reads what it committed.
+//
+// # A frozen worker
+//
+// A worker that freezes (stopped, a long GC pause) between BeforeCommit and
+// its commit holds its partition's offsets row locked. Other partitions
+// never wait for it: a new owner of the partitions the frozen worker did
+// not lock consumes them as soon as the group has rebalanced. The locked
+// partition waits until the frozen transaction ends, and BeforeCommit
+// bounds that: it sets PostgreSQL's idle_in_transaction_session_timeout to
+// Config.IdleTxTimeout for the rest of the transaction, so the server ends
+// the frozen session, rolls its transaction back and releases the row
+// IdleTxTimeout after the freeze began. So a partition stalls behind a
+// frozen worker for at most IdleTxTimeout (5s by default) + 1s (the claim's
+// retry) after the rebalance that gave it away; since the coordinator only
+// drops a frozen member after SessionTimeout (10s by default), longer than
+// IdleTxTimeout, the row is usually free by then and nothing waits at all.
+// When the worker wakes, its commit fails (its session is gone), and its
+// retry of the batch is fenced: nothing is applied twice. A handler stuck
+// on a lock does not hold the row (BeforeCommit runs after the handlers),
+// and its batch is abandoned after Config.RevokeTimeout at a rebalance.
+// With a negative IdleTxTimeout the server's setting applies, and the
+// partition waits as long as the freeze lasts.
 //
 // The next offset stored is the first offset not yet settled: a message
 // handed back for a retry holds it back, while later messages of the
@@ -71,6 +96,72 @@
 // rather than retrying a connection that cannot succeed. Other connection
 // failures (an unreachable broker, a timeout) are retried, and
 // consumer.Config.SourceFailureTimeout bounds them.
+//
+// # Failover
+//
+// A worker that stops without leaving the group (kill -9, a crash, a lost
+// host) keeps its partitions until the coordinator's session timeout
+// expires. Then the coordinator rebalances the group: the others notice on
+// their next heartbeat, let their in-flight batches finish (up to
+// Config.RevokeTimeout) and rejoin, and the new owners claim the dead
+// worker's partitions. So they stall for about Config.SessionTimeout +
+// Config.HeartbeatInterval + the survivors' in-flight batches, and at most
+// SessionTimeout + Config.RebalanceTimeout when a survivor is slow to
+// rejoin (the coordinator drops it then). With the defaults (10s, 1s, 30s)
+// that is about 11s, measured with kfake (TestFailoverAfterKill), and at
+// most 40s. The dead worker's open transactions end when PostgreSQL sees
+// its connections close (for a host that is gone, after
+// Config.IdleTxTimeout at the latest once past BeforeCommit), so they hold
+// no offsets row by then.
+//
+// The session timeout is a trade-off: a shorter one fails over sooner, but
+// a worker whose heartbeats pause for longer (a stopped process, a long GC
+// or scheduling pause, a network hiccup) is dropped from the group, and the
+// rebalance that follows pauses every partition of the group for up to
+// RevokeTimeout. Brokers accept session timeouts between
+// group.min.session.timeout.ms and group.max.session.timeout.ms (6s and 30
+// minutes by default). Heartbeats run on their own goroutine, so a slow
+// handler does not miss them. A worker that leaves in an orderly way
+// (Close) leaves the group, and its partitions move at once.
+//
+// # Rebalance hooks
+//
+// Config.OnAssigned is called with the partitions a generation claimed,
+// after the claim in Postgres and before any of their batches is handed
+// out (partitions whose offsets row was locked come in a later call, once
+// claimed). Config.OnRevoked is called when the generation ended, after
+// the in-flight batches of its partitions committed or were abandoned, and
+// before the member rejoins the group, so before another member is given
+// them in an orderly rebalance (a member the coordinator already dropped
+// may be called later; the Postgres fence keeps its batches out). They
+// are called from the generation's goroutine: they must return promptly,
+// and a slow OnRevoked delays the rebalance of the whole group.
+//
+// # Topics and partitions that change
+//
+// The source reads the metadata of Config.Topics every
+// Config.MetadataInterval (10s by default). A topic that does not exist is
+// logged as a warning naming it, again every five minutes while it stays
+// so, and the group consumes the other topics meanwhile. (A topic the
+// credentials may not read is logged the same way, but kafka-go's group
+// leader then fails to join the group, which Fetch reports.) The member that computed the group's assignment
+// (the group's leader) rejoins the group when the metadata changed since:
+// a topic was created or deleted, or partitions were added. The coordinator
+// then rebalances the group, so new topics and partitions are consumed
+// within about MetadataInterval plus a rebalance (HeartbeatInterval plus
+// the members' in-flight batches, see "Failover").
+// The group's leader assigns the partitions of the topics that exist even
+// when others do not (kafka-go's own leader assigns nothing at all then),
+// under kafka-go's protocol names ("range", then "roundrobin"), so members
+// running older versions of this package still join the same group.
+// Reading metadata asks the brokers to create a missing topic, as
+// kafka-go's group leader does: a cluster with auto.create.topics.enable
+// creates it.
+//
+// Source.Assignment lists the partitions the source owns, and Source.Lag
+// reports only those, so a lag gauge fed from it (metrics/prometheus's
+// ReportLag) shows which partitions each worker owns; Config.OnAssigned and
+// Config.OnRevoked report every change.
 //
 // # Messages
 //

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,18 +18,41 @@ type generation struct {
 	id     int32
 	lanes  []*lane
 	commit chan struct{} // asks for a Kafka offset commit
+	// base is the topic metadata the assignment was computed from, when
+	// this member computed it (it is the group's leader); nil otherwise.
+	base    topicView
+	ending  chan struct{} // closed by end
+	endOnce sync.Once
+}
+
+// end makes the generation end early, so that the member rejoins the group.
+func (g *generation) end() { g.endOnce.Do(func() { close(g.ending) }) }
+
+// groupState is what a Source keeps of its consumer group membership,
+// guarded by Source.mu.
+type groupState struct {
+	meta        *metadataReader // set once by start; has its own lock
+	generations int             // generations started
+	current     *generation     // the generation running, if any
+	// leaderView is what this member's balancer assigned from, when it
+	// computed the assignment for the generation about to start.
+	leaderView topicView
+	// missing holds the topics found missing, with when that was last logged.
+	missing map[string]time.Time
 }
 
 // start joins the consumer group, once.
 func (s *Source) start() error {
 	s.startOnce.Do(func() {
 		c := s.cfg
+		s.gs.meta = &metadataReader{s: s} // before the group: its leader's balancer reads metadata
 		var err error
 		s.group, err = kafkago.NewConsumerGroup(kafkago.ConsumerGroupConfig{
 			ID:                c.Group,
 			Brokers:           c.Brokers,
 			Dialer:            s.dialer,
 			Topics:            c.Topics,
+			GroupBalancers:    s.balancers(),
 			HeartbeatInterval: c.HeartbeatInterval,
 			SessionTimeout:    c.SessionTimeout,
 			RebalanceTimeout:  c.RebalanceTimeout,
@@ -52,6 +75,13 @@ func (s *Source) start() error {
 
 func (s *Source) run() {
 	defer close(s.runDone)
+	var watch sync.WaitGroup
+	watch.Add(1)
+	go func() {
+		defer watch.Done()
+		s.watchTopics(s.runCtx)
+	}()
+	defer watch.Wait()
 	for {
 		gen, err := s.group.Next(s.runCtx)
 		if err != nil {
@@ -60,8 +90,11 @@ func (s *Source) run() {
 			}
 			if rebalancing(err) {
 				// The group is rebalancing: a normal part of membership,
-				// not a failure to report from Fetch.
+				// not a failure to report from Fetch. It joins again at once.
 				s.log.Info("kafka: consumer group rebalancing", "group", s.cfg.Group, "err", err)
+				s.mu.Lock()
+				s.gs.leaderView = nil
+				s.mu.Unlock()
 				continue
 			}
 			s.log.Warn("kafka: consumer group", "group", s.cfg.Group, "err", err)
@@ -95,15 +128,31 @@ func (s *Source) setGroupErr(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.groupErr = err
+	if err != nil {
+		s.gs.leaderView = nil // computed for a generation that did not start
+	}
 	s.notifyLocked()
 }
 
 // runGeneration owns the partitions assigned in gen until the generation
-// ends: it claims them in Postgres, seeks each to its stored offset, pumps
-// records into the lanes, commits settled offsets to Kafka, and on the
-// generation's end revokes the lanes.
+// ends (or the topics' metadata changed, see topics.go): it claims them in
+// Postgres (those whose row is locked later, see claimPartitions), seeks
+// each to its stored offset, pumps records into the lanes, commits settled
+// offsets to Kafka, and on the generation's end revokes the lanes.
 func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
-	g := &generation{id: gen.ID, commit: make(chan struct{}, 1)}
+	g := &generation{id: gen.ID, commit: make(chan struct{}, 1), ending: make(chan struct{})}
+	s.mu.Lock()
+	s.gs.generations++
+	s.gs.current = g
+	g.base, s.gs.leaderView = s.gs.leaderView, nil
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		if s.gs.current == g {
+			s.gs.current = nil
+		}
+		s.mu.Unlock()
+	}()
 	var tps []topicPartition
 	kafkaStart := make(map[topicPartition]int64)
 	for topic, parts := range gen.Assignments {
@@ -113,87 +162,85 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 			kafkaStart[tp] = p.Offset
 		}
 	}
-	sort.Slice(tps, func(i, j int) bool {
-		if tps[i].topic != tps[j].topic {
-			return tps[i].topic < tps[j].topic
-		}
-		return tps[i].partition < tps[j].partition
-	})
-
-	var stored map[topicPartition]int64
-	if s.store != nil && len(tps) > 0 {
-		for attempt := 0; ; attempt++ {
-			var err error
-			if stored, err = s.store.claim(ctx, gen.ID, tps); err == nil {
-				break
-			}
-			if ctx.Err() != nil {
-				return
-			}
-			s.log.Error("kafka: claiming partitions", "group", s.cfg.Group, "generation", gen.ID, "err", err)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(min(time.Second<<min(attempt, 5), 30*time.Second)):
-			}
-		}
-	}
+	sortPartitions(tps)
+	s.log.Info("kafka: generation started", "group", s.cfg.Group, "generation", gen.ID,
+		"member", gen.MemberID, "partitions", len(tps))
 
 	pumpCtx, stopPumps := context.WithCancel(context.Background())
 	var pumps sync.WaitGroup
-	var fetchers []*fetcher
-	for _, tp := range tps {
-		start := kafkaStart[tp]
-		if s.store != nil {
-			next, ok := stored[tp]
-			if !ok {
-				s.log.Error("kafka: partition is owned by a newer generation in Postgres; not consuming it in this generation "+
-					"(if the group was deleted and recreated, delete its rows from the offsets table)",
-					"group", s.cfg.Group, "lane", laneName(tp.topic, tp.partition), "generation", gen.ID)
-				continue
-			}
-			if next >= 0 {
+	// startLanes starts consuming the claimed partitions, each from its
+	// offset stored in Postgres (-1: none), else the one in Kafka.
+	startLanes := func(claimed []topicPartition, stored map[topicPartition]int64) {
+		type started struct {
+			l     *lane
+			start int64
+		}
+		var lanes []started
+		for _, tp := range claimed {
+			start := kafkaStart[tp]
+			if next, ok := stored[tp]; ok && next >= 0 {
 				start = next
 			}
+			s.mu.Lock()
+			s.forgetCounts(tp, start)
+			s.mu.Unlock()
+			l := &lane{
+				name: laneName(tp.topic, tp.partition), topic: tp.topic, partition: tp.partition, gen: g,
+				space: make(chan struct{}), fetched: -1, delivered: -1, committed: -1, persisted: -1, writing: -1, kafkaCommitted: -1,
+			}
+			if start >= 0 {
+				l.fetched, l.delivered, l.committed = start, start, start
+			}
+			if next, ok := stored[tp]; ok && s.store != nil && next >= 0 {
+				l.persisted = next
+			}
+			if k := kafkaStart[tp]; k >= 0 {
+				l.kafkaCommitted = k
+			}
+			lanes = append(lanes, started{l, start})
+		}
+		if len(lanes) == 0 {
+			return
+		}
+		names := make([]string, len(lanes))
+		for i, st := range lanes {
+			names[i] = st.l.name
+		}
+		s.assigned(ctx, claimed)
+		for _, st := range lanes {
+			l, start := st.l, st.start
+			f := s.newFetcher(topicPartition{l.topic, l.partition}, start)
+			l.fetcher = f
+			pumps.Add(1)
+			go func() {
+				defer pumps.Done()
+				s.pump(pumpCtx, l, f)
+			}()
 		}
 		s.mu.Lock()
-		s.forgetCounts(tp, start)
+		for _, st := range lanes {
+			g.lanes = append(g.lanes, st.l)
+			s.lanes = append(s.lanes, st.l)
+		}
+		s.notifyLocked()
 		s.mu.Unlock()
-		l := &lane{
-			name: laneName(tp.topic, tp.partition), topic: tp.topic, partition: tp.partition, gen: g,
-			space: make(chan struct{}), fetched: -1, delivered: -1, committed: -1, persisted: -1, writing: -1, kafkaCommitted: -1,
-		}
-		if start >= 0 {
-			l.fetched, l.delivered, l.committed = start, start, start
-		}
-		if next := stored[tp]; s.store != nil && next >= 0 {
-			l.persisted = next
-		}
-		if k := kafkaStart[tp]; k >= 0 {
-			l.kafkaCommitted = k
-		}
-		f := s.newFetcher(tp, start)
-		l.fetcher = f
-		g.lanes = append(g.lanes, l)
-		fetchers = append(fetchers, f)
-		pumps.Add(1)
-		go func() {
-			defer pumps.Done()
-			s.pump(pumpCtx, l, f)
-		}()
+		s.log.Info("kafka: partitions claimed", "group", s.cfg.Group, "generation", gen.ID, "lanes", names)
 	}
-	s.mu.Lock()
-	s.lanes = append(s.lanes, g.lanes...)
-	s.notifyLocked()
-	s.mu.Unlock()
-	s.log.Info("kafka: generation started", "group", s.cfg.Group, "generation", gen.ID,
-		"member", gen.MemberID, "partitions", len(g.lanes))
+	claimCtx, stopClaims := context.WithCancel(ctx)
+	var claims sync.WaitGroup
+	claims.Add(1)
+	go func() {
+		defer claims.Done()
+		s.claimPartitions(claimCtx, gen.ID, tps, startLanes)
+	}()
 
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for done := false; !done; {
 		select {
 		case <-ctx.Done():
+			done = true
+		case <-g.ending:
 			done = true
 		case <-g.commit:
 			s.commitKafka(gen, g)
@@ -202,14 +249,101 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 		}
 	}
 
+	stopClaims()
+	claims.Wait() // no lane starts after this
 	s.revoke(g)
 	s.commitKafka(gen, g)
 	stopPumps()
 	pumps.Wait()
-	for _, f := range fetchers {
-		f.close()
+	for _, l := range g.lanes {
+		l.fetcher.close()
 	}
 	s.log.Info("kafka: generation ended", "group", s.cfg.Group, "generation", gen.ID)
+}
+
+// Claim retries: a partition whose offsets row is locked by a transaction
+// in progress is claimed again after claimRetryMin, doubling up to
+// claimRetryMax, until that transaction ended.
+const (
+	claimRetryMin = 50 * time.Millisecond
+	claimRetryMax = time.Second
+)
+
+// claimPartitions claims tps for generation gen in Postgres and hands the
+// claimed ones to start, at once for the partitions that are free and
+// later for those whose row another transaction holds locked (a batch of
+// an earlier owner that has not committed yet, perhaps of a frozen
+// process), until all are claimed or ctx is done. Partitions owned by a
+// newer generation are logged and left alone. Without the offsets table
+// every partition starts at once.
+func (s *Source) claimPartitions(ctx context.Context, gen int32, tps []topicPartition, start func([]topicPartition, map[topicPartition]int64)) {
+	if s.store == nil {
+		start(tps, nil)
+		return
+	}
+	pending := tps
+	wait := claimRetryMin
+	failures := 0
+	var waitingSince, warned time.Time
+	for len(pending) > 0 {
+		claimed, busy, err := s.store.claim(ctx, gen, pending)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, errClaimBusy):
+			busy = pending
+		case err != nil:
+			s.log.Error("kafka: claiming partitions", "group", s.cfg.Group, "generation", gen, "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(min(time.Second<<min(failures, 5), 30*time.Second)):
+			}
+			failures++
+			continue
+		}
+		failures = 0
+		var got []topicPartition
+		for _, tp := range pending {
+			if _, ok := claimed[tp]; ok {
+				got = append(got, tp)
+			} else if !slices.Contains(busy, tp) {
+				s.log.Error("kafka: partition is owned by a newer generation in Postgres; not consuming it in this generation "+
+					"(if the group was deleted and recreated, delete its rows from the offsets table)",
+					"group", s.cfg.Group, "lane", laneName(tp.topic, tp.partition), "generation", gen)
+			}
+		}
+		start(got, claimed)
+		if len(busy) > 0 && (waitingSince.IsZero() || time.Since(warned) >= time.Minute) {
+			if waitingSince.IsZero() {
+				waitingSince = time.Now()
+			}
+			warned = time.Now()
+			s.log.Warn("kafka: offsets rows locked by a transaction of an earlier owner; consuming the other partitions, and these once it ends",
+				"group", s.cfg.Group, "generation", gen, "lanes", laneNames(busy), "waited", time.Since(waitingSince).Round(time.Millisecond))
+		} else if len(got) > 0 && !waitingSince.IsZero() {
+			s.log.Info("kafka: locked partitions claimed", "group", s.cfg.Group, "generation", gen,
+				"lanes", laneNames(got), "waited", time.Since(waitingSince).Round(time.Millisecond))
+		}
+		pending = busy
+		if len(pending) == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(wait*2, claimRetryMax)
+	}
+}
+
+func laneNames(tps []topicPartition) []string {
+	out := make([]string, len(tps))
+	for i, tp := range tps {
+		out[i] = laneName(tp.topic, tp.partition)
+	}
+	return out
 }
 
 // revoke stops handing out g's lanes, lets their in-flight batches finish
@@ -262,6 +396,7 @@ func (s *Source) revoke(g *generation) {
 	if abandoned > 0 {
 		s.log.Warn("kafka: batches abandoned at revoke", "group", s.cfg.Group, "generation", g.id, "batches", abandoned)
 	}
+	s.revoked(g.lanes)
 }
 
 func inFlight(lanes []*lane) bool {

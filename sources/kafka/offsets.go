@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"sort"
+	"strconv"
+	"time"
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
@@ -30,24 +33,48 @@ type offsetStore struct {
 	table  string // raw name
 	claimSQL,
 	writeSQL string
+	idleTx string // idle_in_transaction_session_timeout set by write; "" for none
 }
 
-func newOffsetStore(db DB, group, schema, table string) *offsetStore {
+// claimLockTimeout bounds how long a claim waits for a row lock: only a
+// row another claim is inserting at the same moment makes it wait, since
+// rows locked by a batch transaction are skipped and claimed again later.
+const claimLockTimeout = time.Second
+
+func newOffsetStore(db DB, group, schema, table string, idleTx time.Duration) *offsetStore {
 	t := pgx.Identifier{schema, table}.Sanitize()
-	return &offsetStore{
+	st := &offsetStore{
 		db: db, group: group, schema: schema, table: table,
 		// Claiming a partition on assignment raises the row's generation, so
-		// a member of an older generation can no longer write it; the row
-		// lock makes the claim wait for such a member's transaction in
-		// progress and then read its committed offset.
-		claimSQL: `INSERT INTO ` + t + ` AS o (group_id, topic, partition, next_offset, generation)
-SELECT $1, u.topic, u.partition, NULL, $4
-FROM unnest($2::text[], $3::integer[]) AS u(topic, partition)
-ORDER BY u.topic, u.partition
-ON CONFLICT (group_id, topic, partition) DO UPDATE
-SET generation = EXCLUDED.generation, updated_at = now()
-WHERE o.generation <= EXCLUDED.generation
-RETURNING o.topic, o.partition, o.next_offset`,
+		// a member of an older generation can no longer write it. A row
+		// locked by a transaction in progress (a batch of an older
+		// generation past BeforeCommit) is skipped and reported busy: the
+		// caller claims it again once that transaction ended, and then reads
+		// the offset it committed. So one locked row never holds up the
+		// claim of the others.
+		claimSQL: `WITH req AS (
+  SELECT u.topic, u.partition FROM unnest($2::text[], $3::integer[]) AS u(topic, partition)
+), free AS (
+  SELECT o.topic, o.partition FROM ` + t + ` AS o JOIN req USING (topic, partition)
+  WHERE o.group_id = $1
+  FOR UPDATE OF o SKIP LOCKED
+), busy AS (
+  SELECT o.topic, o.partition FROM ` + t + ` AS o JOIN req USING (topic, partition)
+  WHERE o.group_id = $1
+  EXCEPT SELECT topic, partition FROM free
+), claimed AS (
+  INSERT INTO ` + t + ` AS o (group_id, topic, partition, next_offset, generation)
+  SELECT $1, r.topic, r.partition, NULL, $4 FROM req AS r
+  WHERE NOT EXISTS (SELECT FROM busy AS b WHERE b.topic = r.topic AND b.partition = r.partition)
+  ORDER BY r.topic, r.partition
+  ON CONFLICT (group_id, topic, partition) DO UPDATE
+  SET generation = EXCLUDED.generation, updated_at = now()
+  WHERE o.generation <= EXCLUDED.generation
+  RETURNING o.topic, o.partition, o.next_offset
+)
+SELECT topic, partition, next_offset, false FROM claimed
+UNION ALL
+SELECT topic, partition, NULL, true FROM busy`,
 		// Written in the batch transaction: only by the current generation,
 		// and only forward.
 		writeSQL: `INSERT INTO ` + t + ` AS o (group_id, topic, partition, next_offset, generation)
@@ -58,6 +85,21 @@ SET next_offset = GREATEST(o.next_offset, EXCLUDED.next_offset),
 WHERE o.generation <= EXCLUDED.generation
 RETURNING o.next_offset`,
 	}
+	if idleTx > 0 {
+		// The same, and for the rest of the transaction (it holds the
+		// row's lock until it ends) the server ends the session when it
+		// stays idle for longer than idleTx.
+		st.writeSQL = `INSERT INTO ` + t + ` AS o (group_id, topic, partition, next_offset, generation)
+SELECT $1::text, $2::text, $3::integer, $4::bigint, $5::integer
+FROM (SELECT set_config('idle_in_transaction_session_timeout', $6::text, true)) AS idle
+ON CONFLICT (group_id, topic, partition) DO UPDATE
+SET next_offset = GREATEST(o.next_offset, EXCLUDED.next_offset),
+    generation = EXCLUDED.generation, updated_at = now()
+WHERE o.generation <= EXCLUDED.generation
+RETURNING o.next_offset`
+		st.idleTx = strconv.FormatInt(max(idleTx.Milliseconds(), 1), 10) + "ms"
+	}
+	return st
 }
 
 func (s *offsetStore) line() dedupe.Line {
@@ -71,46 +113,94 @@ type topicPartition struct {
 }
 
 // claim raises the generation of the given partitions' rows to gen and
-// returns their stored next offsets (-1 when none is stored). Partitions
-// whose row belongs to a newer generation are missing from the result.
-func (s *offsetStore) claim(ctx context.Context, gen int32, tps []topicPartition) (map[topicPartition]int64, error) {
+// returns their stored next offsets (-1 when none is stored), except for
+// the rows another transaction holds locked (a batch of an earlier owner
+// between BeforeCommit and its commit): those are returned in busy, to be
+// claimed again later. Partitions whose row belongs to a newer generation
+// are in neither.
+func (s *offsetStore) claim(ctx context.Context, gen int32, tps []topicPartition) (claimed map[topicPartition]int64, busy []topicPartition, err error) {
 	topics := make([]string, len(tps))
 	parts := make([]int32, len(tps))
 	for i, tp := range tps {
 		topics[i], parts[i] = tp.topic, int32(tp.partition)
 	}
-	rows, err := s.db.Query(ctx, s.claimSQL, s.group, topics, parts, gen)
+	tx, err := s.db.Begin(ctx)
 	if err != nil {
-		return nil, s.wrap("claim partitions", err)
+		return nil, nil, s.wrap("claim partitions", err)
 	}
-	out := make(map[topicPartition]int64, len(tps))
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = "+strconv.FormatInt(claimLockTimeout.Milliseconds(), 10)); err != nil {
+		return nil, nil, s.wrap("claim partitions", err)
+	}
+	rows, err := tx.Query(ctx, s.claimSQL, s.group, topics, parts, gen)
+	if err != nil {
+		return nil, nil, s.claimErr(err)
+	}
+	claimed = make(map[topicPartition]int64, len(tps))
 	for rows.Next() {
 		var (
-			tp   topicPartition
-			p    int32
-			next *int64
+			tp     topicPartition
+			p      int32
+			next   *int64
+			locked bool
 		)
-		if err := rows.Scan(&tp.topic, &p, &next); err != nil {
+		if err := rows.Scan(&tp.topic, &p, &next, &locked); err != nil {
 			rows.Close()
-			return nil, s.wrap("claim partitions", err)
+			return nil, nil, s.wrap("claim partitions", err)
 		}
 		tp.partition = int(p)
-		out[tp] = -1
-		if next != nil {
-			out[tp] = *next
+		switch {
+		case locked:
+			busy = append(busy, tp)
+		case next != nil:
+			claimed[tp] = *next
+		default:
+			claimed[tp] = -1
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, s.wrap("claim partitions", err)
+		return nil, nil, s.claimErr(err)
 	}
-	return out, nil
+	if err := tx.Commit(ctx); err != nil {
+		return nil, nil, s.claimErr(err)
+	}
+	sortPartitions(busy)
+	return claimed, busy, nil
+}
+
+// claimErr reports every partition busy when the claim timed out waiting
+// for a lock (a row that another claim was inserting), and wraps other
+// errors.
+func (s *offsetStore) claimErr(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+		return errClaimBusy
+	}
+	return s.wrap("claim partitions", err)
+}
+
+// errClaimBusy: a claim waited for a row lock for longer than
+// claimLockTimeout; all its partitions are to be claimed again.
+var errClaimBusy = errors.New("kafka: claim waited too long for a row lock")
+
+func sortPartitions(tps []topicPartition) {
+	sort.Slice(tps, func(i, j int) bool {
+		if tps[i].topic != tps[j].topic {
+			return tps[i].topic < tps[j].topic
+		}
+		return tps[i].partition < tps[j].partition
+	})
 }
 
 // write stores next for one partition in tx; it fails with an error wrapping
 // consumer.ErrFenced when a newer generation owns the row.
 func (s *offsetStore) write(ctx context.Context, tx pgx.Tx, tp topicPartition, gen int32, next int64) error {
 	var stored *int64
-	err := tx.QueryRow(ctx, s.writeSQL, s.group, tp.topic, int32(tp.partition), next, gen).Scan(&stored)
+	args := []any{s.group, tp.topic, int32(tp.partition), next, gen}
+	if s.idleTx != "" {
+		args = append(args, s.idleTx)
+	}
+	err := tx.QueryRow(ctx, s.writeSQL, args...).Scan(&stored)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("kafka: %s/%d of group %q is owned by a newer generation than %d: %w",
 			tp.topic, tp.partition, s.group, gen, consumer.ErrFenced)

@@ -131,7 +131,7 @@ func TestZombieInPostgres(t *testing.T) {
 	}
 	l := old.SourceData.(*lane)
 	// Another member's claim in a later generation, as runGeneration makes it.
-	claimed, err := a.store.claim(ctx, l.gen.id+1, []topicPartition{{l.topic, l.partition}})
+	claimed, _, err := a.store.claim(ctx, l.gen.id+1, []topicPartition{{l.topic, l.partition}})
 	if err != nil || len(claimed) != 1 {
 		t.Fatalf("claim: %v %v", claimed, err)
 	}
@@ -146,8 +146,8 @@ func TestZombieInPostgres(t *testing.T) {
 		t.Errorf("fenced partition still handed out: %v", a)
 	}
 	// An older generation's claim does not take the row back.
-	if claimed, err := a.store.claim(ctx, l.gen.id, []topicPartition{{l.topic, l.partition}}); err != nil || len(claimed) != 0 {
-		t.Errorf("claim by an older generation: %v %v", claimed, err)
+	if claimed, busy, err := a.store.claim(ctx, l.gen.id, []topicPartition{{l.topic, l.partition}}); err != nil || len(claimed) != 0 || len(busy) != 0 {
+		t.Errorf("claim by an older generation: %v %v %v", claimed, busy, err)
 	}
 }
 

@@ -47,6 +47,8 @@ type Source struct {
 	// counts carries Message.Attempt across generations: what this source
 	// delivered of each partition and has not seen committed.
 	counts map[topicPartition]*deliveryCounts
+	// gs is the consumer group membership's state (group.go, topics.go).
+	gs groupState
 
 	horizon horizonCache
 }
@@ -82,7 +84,7 @@ func New(db DB, cfg Config) (*Source, error) {
 		if db == nil {
 			return nil, &ConfigError{Field: "db", Reason: "a database is required unless KafkaOffsetsOnly is set"}
 		}
-		s.store = newOffsetStore(db, cfg.Group, cfg.Schema, cfg.OffsetsTable)
+		s.store = newOffsetStore(db, cfg.Group, cfg.Schema, cfg.OffsetsTable, cfg.IdleTxTimeout)
 	}
 	return s, nil
 }
