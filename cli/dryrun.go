@@ -15,7 +15,6 @@ import (
 	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	kafkago "github.com/segmentio/kafka-go"
 	"github.com/spf13/cobra"
 )
 
@@ -135,68 +134,19 @@ type classifier struct {
 	checker dedupe.KeyChecker
 }
 
-// readPartition reads [Target, End) of one partition in batches.
+// readPartition reads [Target, End) of one partition in batches, as the
+// Kafka source delivers it (committed records only, no control records).
 func (c *classifier) readPartition(ctx context.Context, kc *kafkaClient, p PartitionPlan, counts *DryRunCounts, prog *progress) error {
-	r, err := kc.reader(c.o.topic, p.Partition, p.Target)
-	if err != nil {
-		return err
+	if p.Target >= p.End {
+		return nil
 	}
-	defer r.Close()
-	lane := c.o.topic + "/" + strconv.Itoa(p.Partition)
-	batch := make([]*consumer.Message, 0, c.o.batch)
-	next := p.Target
-	for next < p.End {
-		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		km, err := r.ReadMessage(rctx)
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if errors.Is(err, context.DeadlineExceeded) && r.Offset() >= p.End {
-				break // the last offsets were not records (transaction markers)
-			}
-			return fmt.Errorf("kafka: reading %s at offset %d: %w", lane, next, err)
-		}
-		next = km.Offset + 1
-		if km.Offset >= p.End {
-			break
-		}
-		batch = append(batch, toMessage(&km, lane, c.o.idHeader))
-		if len(batch) == c.o.batch {
-			if err := c.classify(ctx, batch, counts); err != nil {
-				return err
-			}
-			prog.add(int64(len(batch)))
-			batch = batch[:0]
-		}
-	}
-	if len(batch) > 0 {
+	return kafka.ReadRange(ctx, kc.sourceConfig(c.o.idHeader), c.o.topic, p.Partition, p.Target, p.End, c.o.batch, func(batch []*consumer.Message) error {
 		if err := c.classify(ctx, batch, counts); err != nil {
 			return err
 		}
 		prog.add(int64(len(batch)))
-	}
-	return nil
-}
-
-// toMessage converts a record as the Kafka source does. Key and Value are
-// kept as the Reader gives them: nil for a null (a tombstone), and, as in
-// the Kafka source, for an empty one too, which kafka-go's Reader does not
-// tell apart (see the sources/kafka package documentation).
-func toMessage(r *kafkago.Message, lane, idHeader string) *consumer.Message {
-	off := strconv.FormatInt(r.Offset, 10)
-	m := &consumer.Message{Key: r.Key, Value: r.Value, Time: r.Time, Source: kafka.SourceName, Lane: lane, Ref: lane + "@" + off, Attempt: 1}
-	for _, h := range r.Headers {
-		m.Headers = append(m.Headers, consumer.Header{Key: h.Key, Value: h.Value})
-		if m.ID == "" && h.Key == idHeader && len(h.Value) > 0 {
-			m.ID = string(h.Value)
-		}
-	}
-	if m.ID == "" {
-		m.ID = lane + "/" + off
-	}
-	return m
+		return nil
+	})
 }
 
 // classify derives the batch's keys, looks its messages up in the parked

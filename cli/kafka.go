@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/effectively-once/effectively/sources/kafka"
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 )
@@ -179,20 +180,12 @@ func (k *kafkaClient) groupMembers(ctx context.Context, group string) (state str
 	return "Dead", 0, nil
 }
 
-// reader reads one partition from offset on.
-func (k *kafkaClient) reader(topic string, partition int, offset int64) (*kafkago.Reader, error) {
-	r := kafkago.NewReader(kafkago.ReaderConfig{
-		Brokers:   k.brokers,
-		Topic:     topic,
-		Partition: partition,
-		MinBytes:  1,
-		MaxBytes:  4 << 20,
-		MaxWait:   100 * time.Millisecond,
-		Dialer:    k.dialer(),
-	})
-	if err := r.SetOffset(offset); err != nil {
-		_ = r.Close()
-		return nil, fmt.Errorf("kafka: seek %s/%d to %d: %w", topic, partition, offset, err)
+// sourceConfig is the Kafka source's connection and fetch settings for
+// reading records as a consumer would.
+// idHeader names the header of a message's default ID.
+func (k *kafkaClient) sourceConfig(idHeader string) kafka.Config {
+	return kafka.Config{
+		Brokers: k.brokers, TLS: k.tls, SASL: k.sasl, ClientID: "effectively-cli", DialTimeout: 10 * time.Second,
+		MaxBytes: 4 << 20, MaxWait: 100 * time.Millisecond, IDHeader: idHeader,
 	}
-	return r, nil
 }

@@ -86,7 +86,12 @@ type fetchResult struct {
 }
 
 func (s *Source) newFetcher(tp topicPartition, start int64) *fetcher {
-	c := s.cfg
+	return newFetcher(s.cfg, s.log, tp, start)
+}
+
+// newFetcher returns a fetcher of tp from start with c's connection and
+// fetch settings; c has its defaults applied.
+func newFetcher(c Config, log *slog.Logger, tp topicPartition, start int64) *fetcher {
 	f := &fetcher{
 		topic: tp.topic, partition: tp.partition, lane: laneName(tp.topic, tp.partition),
 		addr: kafkago.TCP(c.Brokers...),
@@ -98,7 +103,7 @@ func (s *Source) newFetcher(tp topicPartition, start int64) *fetcher {
 		minBytes:  int32(min(c.MinBytes, 1<<31-1)),
 		maxBytes:  int32(min(c.MaxBytes, 1<<31-1)),
 		maxWait:   c.MaxWait,
-		log:       s.log,
+		log:       log,
 		offset:    start,
 	}
 	if c.ReadUncommitted {

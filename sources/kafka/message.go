@@ -29,14 +29,20 @@ func laneName(topic string, partition int) string {
 // empty slice for an empty one.
 func newDelivery(l *lane, r *fetchedRecord, idHeader string) *delivery {
 	d := &delivery{lane: l, offset: r.offset}
-	m := &d.msg
+	recordMessage(&d.msg, l.name, r, idHeader)
+	d.msg.SourceData = d
+	return d
+}
+
+// recordMessage fills m from record r of lane, as the Source delivers it.
+func recordMessage(m *consumer.Message, lane string, r *fetchedRecord, idHeader string) {
 	m.Key = r.key
 	m.Value = r.value
 	m.Time = r.time
 	m.Source = SourceName
-	m.Lane = l.name
+	m.Lane = lane
 	off := strconv.FormatInt(r.offset, 10)
-	m.Ref = l.name + "@" + off
+	m.Ref = lane + "@" + off
 	m.Headers = r.headers
 	for _, h := range r.headers {
 		if h.Key == idHeader && len(h.Value) > 0 {
@@ -45,10 +51,8 @@ func newDelivery(l *lane, r *fetchedRecord, idHeader string) *delivery {
 		}
 	}
 	if m.ID == "" {
-		m.ID = l.name + "/" + off
+		m.ID = lane + "/" + off
 	}
-	m.SourceData = d
-	return d
 }
 
 // Position returns the topic, partition and offset of a message delivered
