@@ -13,6 +13,7 @@ import (
 
 	"github.com/effectively-once/effectively/internal/chaos"
 	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
 )
@@ -184,6 +185,7 @@ type run struct {
 	newTopicAt, addedAt time.Time
 	newLanes, addLanes  []laneKey
 	initialLanes        []laneKey // the partitions when the workers start
+	lockWaits           []string  // statements seen waiting for a frozen worker
 }
 
 func newRun(t *testing.T, pl plan) *run {
@@ -411,6 +413,15 @@ func (r *run) freeze() {
 	r.events = append(r.events, event{kind: "freeze", detail: detail, at: time.Now()})
 	timer := time.NewTimer(d)
 	defer timer.Stop()
+	// Halfway through, the session expired and the partitions' new owners
+	// should be at work: say what, if anything, waits for the frozen one.
+	half := time.NewTimer(d / 2)
+	defer half.Stop()
+	select {
+	case <-half.C:
+		r.logLockWaits(p)
+	case <-r.ctx.Done():
+	}
 	select {
 	case <-timer.C:
 	case <-r.ctx.Done():
@@ -419,6 +430,36 @@ func (r *run) freeze() {
 		r.t.Fatalf("SIGCONT %s: %v", p.name, err)
 	}
 	r.events = append(r.events, event{kind: "thaw", detail: p.name, at: time.Now()})
+}
+
+// logLockWaits logs the statements of other workers that wait for a lock
+// held by frozen's connections.
+func (r *run) logLockWaits(frozen *proc) {
+	rows, err := r.pool.Query(r.ctx, `SELECT w.application_name, left(regexp_replace(w.query, '\s+', ' ', 'g'), 120), now() - w.query_start
+FROM pg_stat_activity w
+JOIN pg_stat_activity h ON h.pid = ANY (pg_blocking_pids(w.pid))
+WHERE h.application_name = $1`, chaos.ApplicationName(frozen.name))
+	if err != nil {
+		r.t.Logf("lock waits: %v", err)
+		return
+	}
+	var (
+		app, query string
+		waited     time.Duration
+		lines      []string
+	)
+	_, err = pgx.ForEachRow(rows, []any{&app, &query, &waited}, func() error {
+		lines = append(lines, fmt.Sprintf("%s waits %s in: %s", app, waited.Round(100*time.Millisecond), query))
+		return nil
+	})
+	if err != nil {
+		r.t.Logf("lock waits: %v", err)
+		return
+	}
+	if len(lines) > 0 {
+		r.t.Logf("%s is frozen, and %d statements wait for its locks:\n  %s", frozen.name, len(lines), strings.Join(lines, "\n  "))
+		r.lockWaits = append(r.lockWaits, lines...)
+	}
 }
 
 // stopInTransaction SIGSTOPs p while one of its transactions has written

@@ -60,8 +60,7 @@ type proc struct {
 	waitErr error // set before exited is closed
 
 	mu       sync.Mutex
-	expected bool // the driver killed or stopped it on purpose
-	stopped  bool // SIGSTOP sent, no SIGCONT yet
+	expected bool // the driver killed it on purpose
 }
 
 // errNotReady is wrapped by startProc's error when the program did not
@@ -156,14 +155,6 @@ func (p *proc) kill() {
 
 // signal sends sig to the process group.
 func (p *proc) signal(sig syscall.Signal) error {
-	p.mu.Lock()
-	switch sig {
-	case syscall.SIGSTOP:
-		p.stopped = true
-	case syscall.SIGCONT:
-		p.stopped = false
-	}
-	p.mu.Unlock()
 	return syscall.Kill(-p.cmd.Process.Pid, sig)
 }
 
