@@ -184,8 +184,8 @@ type run struct {
 	// when the topology changed, and the lanes it added
 	newTopicAt, addedAt time.Time
 	newLanes, addLanes  []laneKey
-	initialLanes        []laneKey // the partitions when the workers start
-	lockWaits           []string  // statements seen waiting for a frozen worker
+	initialLanes        []laneKey        // the partitions when the workers start
+	lockWaits           map[int][]string // by freeze event: statements seen waiting for the frozen worker
 }
 
 func newRun(t *testing.T, pl plan) *run {
@@ -458,7 +458,10 @@ WHERE h.application_name = $1`, chaos.ApplicationName(frozen.name))
 	}
 	if len(lines) > 0 {
 		r.t.Logf("%s is frozen, and %d statements wait for its locks:\n  %s", frozen.name, len(lines), strings.Join(lines, "\n  "))
-		r.lockWaits = append(r.lockWaits, lines...)
+		if r.lockWaits == nil {
+			r.lockWaits = map[int][]string{}
+		}
+		r.lockWaits[len(r.events)-1] = lines
 	}
 }
 

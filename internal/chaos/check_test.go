@@ -211,8 +211,8 @@ func (r *run) check() {
 				continue
 			}
 			st := r.stallAfter(i, false)
-			if st.lane != "" && st.d() > bound && ev.kind == "freeze" && len(r.lockWaits) > 0 {
-				t.Logf("statements that waited for the frozen worker's locks: %s", strings.Join(r.lockWaits, "; "))
+			if w := r.lockWaits[i]; st.lane != "" && st.d() > bound && len(w) > 0 {
+				t.Logf("statements that waited for %s's locks: %s", ev.detail, strings.Join(w, "; "))
 			}
 			if st.lane != "" && st.d() > bound {
 				open := ""

@@ -14,10 +14,15 @@
 // waiting and its position did not move) within the bound the Kafka source
 // documents for its configuration (see stallBound). It prints a report.
 //
-// The short run (about 20,000 messages, 3 kills, 1 freeze) is part of the
-// normal test suite and is skipped with -short; CHAOS_FULL=1 runs the full
-// one (100,000 messages, 10 kills), as `make soak-kafka` does. See the
-// test's documentation for the other environment variables.
+// The short run (20,000 messages, 3 workers, 3 kills, 1 freeze) is part of
+// the normal test suite and is skipped with -short; CHAOS_FULL=1 runs the
+// full one (120,000 messages, 4 workers, 12 kills, 2 freezes), as
+// `make soak-kafka` does. The workers are built without the race detector
+// (CHAOS_WORKER_RACE=1 builds them with it): instrumented, four workers
+// beside the broker and Postgres would starve a small machine and the
+// stalls would measure the machine; the library's code runs under the race
+// detector in its own packages' tests. See TestChaos for the other
+// environment variables.
 package chaos
 
 // Headers the driver sets and the worker reads.
