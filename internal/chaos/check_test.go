@@ -212,7 +212,7 @@ func (r *run) check() {
 			}
 			st := r.stallAfter(i, false)
 			if w := r.lockWaits[i]; st.lane != "" && st.d() > bound && len(w) > 0 {
-				t.Logf("statements that waited for %s's locks: %s", ev.detail, strings.Join(w, "; "))
+				t.Logf("statements that waited for the frozen worker's locks (freeze %s): %s", ev.detail, strings.Join(w, "; "))
 			}
 			if st.lane != "" && st.d() > bound {
 				open := ""
