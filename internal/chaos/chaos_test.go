@@ -129,6 +129,9 @@ type event struct {
 	kind   string // kill, freeze, thaw, new-topic, add-partitions
 	detail string
 	at     time.Time
+	// noTx is set on a freeze that found no transaction of the worker to
+	// freeze in.
+	noTx bool
 }
 
 // TestChaos runs the Kafka source as production does: a broker process,

@@ -210,6 +210,9 @@ func (r *run) check() {
 			default:
 				continue
 			}
+			if ev.noTx {
+				t.Errorf("freeze %s at %s: the worker had no transaction in progress within 20s to be frozen in, so a frozen transaction's locks were not tried", ev.detail, r.since(ev.at))
+			}
 			st := r.stallAfter(i, false)
 			if w := r.lockWaits[i]; st.lane != "" && st.d() > bound && len(w) > 0 {
 				t.Logf("statements that waited for the frozen worker's locks (freeze %s): %s", ev.detail, strings.Join(w, "; "))

@@ -37,7 +37,7 @@ func (r *run) freeze() {
 	if !inTx {
 		detail += " (between transactions)"
 	}
-	r.events = append(r.events, event{kind: "freeze", detail: detail, at: time.Now()})
+	r.events = append(r.events, event{kind: "freeze", detail: detail, at: time.Now(), noTx: !inTx})
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	// Halfway through, the session expired and the partitions' new owners
