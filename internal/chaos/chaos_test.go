@@ -436,6 +436,9 @@ func (r *run) waitStable(what string, minGap time.Duration, fresh []laneKey, new
 			}
 		}
 		el := time.Since(start)
+		if len(moves) == 0 && el >= minGap {
+			return // nothing was ever consumed: there is nothing to recover (the start check reports it)
+		}
 		gen := r.samp.generationChanged()
 		genOK := time.Since(gen) >= genQuiet && (newGenAfter.IsZero() || gen.After(newGenAfter))
 		if el >= minGap && longest < 1500*time.Millisecond && unseen == 0 && genOK && r.samp.count() > 0 {

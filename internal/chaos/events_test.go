@@ -92,30 +92,32 @@ WHERE h.application_name = $1`, chaos.ApplicationName(frozen.name))
 	}
 }
 
-// stopInTransaction SIGSTOPs p while one of its transactions has written
-// something (it has a transaction ID): it watches pg_stat_activity, stops
-// the process when it sees such a transaction, and checks that the same
-// transaction is still open once the process is stopped; if it is not, it
-// lets the process go on and tries again. After 20s of trying it stops the
-// process wherever it is and returns false.
+// stopInTransaction SIGSTOPs p in the middle of a batch transaction: it
+// watches pg_stat_activity for a transaction of p's that has written
+// something (it has a transaction ID), stops the process, and checks a
+// moment later that one of p's transactions that has written sits idle in
+// transaction, that is, waits for the stopped process. A statement still
+// running on the server at the stop does not count: it ends on its own.
+// If the check fails it lets the process go on and tries again. After 20s
+// of trying it stops the process wherever it is and returns false.
 func (r *run) stopInTransaction(p *proc) bool {
-	const q = `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND backend_xid IS NOT NULL AND xact_start <= $2`
+	const (
+		writing = `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND backend_xid IS NOT NULL`
+		held    = writing + ` AND state = 'idle in transaction'`
+	)
 	app := chaos.ApplicationName(p.name)
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) && r.ctx.Err() == nil {
 		var n int
-		if err := r.pool.QueryRow(r.ctx, q, app, time.Now().Add(time.Hour)).Scan(&n); err != nil || n == 0 {
-			time.Sleep(5 * time.Millisecond)
+		if err := r.pool.QueryRow(r.ctx, writing, app).Scan(&n); err != nil || n == 0 {
+			time.Sleep(5 * time.Millisecond) // polling pg_stat_activity, not waiting for an event
 			continue
 		}
-		stopped := time.Now()
 		if err := p.signal(syscall.SIGSTOP); err != nil {
 			r.t.Fatalf("SIGSTOP %s: %v", p.name, err)
 		}
-		// A transaction that started before the stop and is still open a
-		// moment later is held open by the stopped process.
-		time.Sleep(50 * time.Millisecond)
-		if err := r.pool.QueryRow(r.ctx, q, app, stopped).Scan(&n); err == nil && n > 0 {
+		time.Sleep(100 * time.Millisecond) // let a statement in progress finish on the server
+		if err := r.pool.QueryRow(r.ctx, held, app).Scan(&n); err == nil && n > 0 {
 			return true
 		}
 		if err := p.signal(syscall.SIGCONT); err != nil {
