@@ -136,8 +136,9 @@ type event struct {
 
 // TestChaos runs the Kafka source as production does: a broker process,
 // several worker processes, and this test as the driver. While the
-// messages flow it kills workers (SIGKILL), freezes one (SIGSTOP for
-// longer than the session timeout, then SIGCONT), starts replacements,
+// messages flow it kills workers (SIGKILL), freezes one in the middle of a
+// batch transaction (SIGSTOP for longer than stallBound, then SIGCONT),
+// starts replacements,
 // creates a topic the workers are configured to consume and adds
 // partitions to another. Then it checks exactly one effect per logical
 // message, exactly the poison messages parked, stored offsets that never
