@@ -4,7 +4,7 @@ GO        ?= go
 STATICCHECK_VERSION ?= v0.8.2
 FAUXQS    := internal/fauxqs/node_modules/.package-lock.json
 
-.PHONY: test test-race test-short flake soak bench bench-expiry lint demo deps
+.PHONY: test test-race test-short flake soak soak-kafka bench bench-expiry lint demo deps
 
 ## test: the whole suite with the race detector (starts its own PostgreSQL, Kafka and SQS peers)
 test: test-race
@@ -20,10 +20,14 @@ test-short: deps
 flake: deps
 	$(GO) test -race -count=5 -timeout 60m ./...
 
-## soak: the consumer's invariant test over SOAK_SEEDS seeds (default 200) per strategy and handler shape
+## soak: the consumer's invariant test over SOAK_SEEDS seeds (default 200) per strategy and handler shape, after soak-kafka
 SOAK_SEEDS ?= 200
-soak:
+soak: soak-kafka
 	INVARIANT_SEEDS=$(SOAK_SEEDS) $(GO) test -race -count=1 -timeout 4h -run '^TestInvariant$$' $(SOAK_FLAGS) ./consumer/
+
+## soak-kafka: the Kafka source's multi-process chaos run at full length (120,000 messages, 12 kills, 2 freezes; see internal/chaos for the CHAOS_* variables)
+soak-kafka:
+	CHAOS_FULL=1 $(GO) test -race -count=1 -timeout 30m -v -run '^TestChaos$$' ./internal/chaos/
 
 ## deps: the pinned SQS emulator used by the tests
 deps: $(FAUXQS)
