@@ -249,7 +249,7 @@ func sameKey(a, b dedupe.Key) bool {
 // failure rolls everything back and returns errHandlerFailed, with the
 // failure recorded on its item for the next attempt.
 func (c *Consumer) runFast(ctx context.Context, b *Batch, items []*item, st *BatchStats) error {
-	tx, err := c.db.Begin(ctx)
+	tx, err := c.begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
@@ -265,7 +265,7 @@ func (c *Consumer) runFast(ctx context.Context, b *Batch, items []*item, st *Bat
 		if len(news) > 0 {
 			if err := c.callBatch(ctx, tx, news); err != nil {
 				st.Handle += time.Since(t)
-				if lost := connLost(tx, err); lost != nil {
+				if lost := connLost(tx, err, time.Since(t), c.cfg.IdleTxTimeout); lost != nil {
 					return lost
 				}
 				if len(news) == 1 {
@@ -285,9 +285,10 @@ func (c *Consumer) runFast(ctx context.Context, b *Batch, items []*item, st *Bat
 				c.parkFailed(it)
 				continue
 			}
+			ht := time.Now()
 			if err := c.call(ctx, tx, it.m); err != nil {
 				st.Handle += time.Since(t)
-				if lost := connLost(tx, err); lost != nil {
+				if lost := connLost(tx, err, time.Since(ht), c.cfg.IdleTxTimeout); lost != nil {
 					return lost
 				}
 				c.recordFailure(it, err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -140,9 +141,59 @@ func (e *CommitCheckError) Unwrap() error { return e.Err }
 // tx's connection (the server terminated the session, the network broke):
 // that is no fault of the message whose handler saw it, so the batch is
 // abandoned and delivered again without counting an attempt.
-func connLost(tx pgx.Tx, err error) error {
+//
+// A handler call that lasted longer than idle may have kept the transaction
+// idle for longer than IdleTxTimeout, so that the server ended the session
+// (the client often sees only a broken pipe): that is the handler's
+// failure, and counts as an attempt, or a handler that always waits that
+// long would be retried for ever.
+func connLost(tx pgx.Tx, err error, took, idle time.Duration) error {
+	if idleTxEnded(err) || (idle > 0 && took > idle) {
+		return nil
+	}
 	if conn := tx.Conn(); conn != nil && conn.IsClosed() {
 		return fmt.Errorf("connection lost: %w", err)
 	}
 	return nil
+}
+
+// idleSQL is what every batch transaction runs after BEGIN, in the same
+// simple-protocol round trip: with a positive IdleTxTimeout it sets
+// idle_in_transaction_session_timeout for the transaction.
+func idleSQL(idle time.Duration) string {
+	if idle <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", max(idle.Milliseconds(), 1))
+}
+
+// txBeginner is implemented by *pgxpool.Pool and *pgx.Conn.
+type txBeginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// begin starts a batch transaction, bounded by IdleTxTimeout.
+func (c *Consumer) begin(ctx context.Context) (pgx.Tx, error) {
+	if c.idleSQL == "" {
+		return c.db.Begin(ctx)
+	}
+	if b, ok := c.db.(txBeginner); ok {
+		return b.BeginTx(ctx, pgx.TxOptions{BeginQuery: "BEGIN; " + c.idleSQL})
+	}
+	tx, err := c.db.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, c.idleSQL); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return tx, nil
+}
+
+// idleTxEnded reports whether err is the server ending the session because
+// the transaction stayed idle for longer than idle_in_transaction_session_timeout.
+func idleTxEnded(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "25P03"
 }

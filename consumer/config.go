@@ -91,6 +91,20 @@ type Config struct {
 	// with backoff. A Fetch error wrapped with Permanent stops Run at once.
 	// Defaults to 0: Fetch is retried for as long as Run runs.
 	SourceFailureTimeout time.Duration
+	// IdleTxTimeout bounds how long a batch transaction may stay idle
+	// between two statements: every batch transaction sets PostgreSQL's
+	// idle_in_transaction_session_timeout to it (SET LOCAL, in the same
+	// round trip as BEGIN), so the server ends the session of a worker
+	// that freezes in the middle of a batch (stopped, a long GC pause, a
+	// lost host) and releases its locks: the markers it claimed and the
+	// source's rows (Kafka's offsets) that the batch's redelivery to
+	// another worker would otherwise wait for, as long as the freeze
+	// lasts. A handler that waits on something else for longer between
+	// two statements of its transaction (a slow HTTP call, say) has its
+	// batch fail and retried, counting an attempt: raise the timeout for
+	// it, or better, do such work outside the transaction. A negative
+	// value leaves the server's setting. Defaults to 10s.
+	IdleTxTimeout time.Duration
 	// Logger receives the consumer's logs. Defaults to warnings and errors
 	// on stderr (slog.New(slog.DiscardHandler) silences them).
 	Logger *slog.Logger
@@ -140,6 +154,9 @@ func (c Config) withDefaults() Config {
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 30 * time.Second
 	}
+	if c.IdleTxTimeout == 0 {
+		c.IdleTxTimeout = 10 * time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = logx.Default()
 	}
@@ -179,6 +196,8 @@ func (c Config) validate() error {
 		return bad("ShutdownTimeout", "must not be negative, got %s", c.ShutdownTimeout)
 	case c.SourceFailureTimeout < 0:
 		return bad("SourceFailureTimeout", "must not be negative, got %s", c.SourceFailureTimeout)
+	case c.IdleTxTimeout > 0 && c.IdleTxTimeout < time.Millisecond:
+		return bad("IdleTxTimeout", "%s is shorter than PostgreSQL's resolution of 1ms", c.IdleTxTimeout)
 	case c.OnMismatch > MismatchPark:
 		return bad("OnMismatch", "unknown policy %d", c.OnMismatch)
 	}

@@ -33,6 +33,7 @@ type Consumer struct {
 	upkeepDB     dedupe.DB // for the strategy's maintenance and warm-up
 	waits        *waits
 	parkedTable  string
+	idleSQL      string // run after BEGIN in every batch transaction
 
 	startHooks []BatchStartHook
 	msgHooks   []MessageHook
@@ -59,6 +60,7 @@ func New(db DB, src Source, cfg Config) (*Consumer, error) {
 		cfg:         cfg,
 		log:         cfg.Logger.With("consumer", cfg.Name),
 		parkedTable: pgx.Identifier{cfg.Schema, cfg.ParkedTable}.Sanitize(),
+		idleSQL:     idleSQL(cfg.IdleTxTimeout),
 	}
 	c.txsrc, _ = src.(TxSource)
 	_, maintains := cfg.Strategy.(dedupe.Maintainer)

@@ -57,5 +57,22 @@
 // messages are reported as OutcomeUnknown, and their redelivery settles
 // them: duplicates if the commit went through, applied if it did not.
 //
+// # A frozen worker
+//
+// A worker that freezes in the middle of a batch (a stopped process, a long
+// GC pause, a lost host) keeps its transaction open, and with it the
+// markers its claim took: another worker given the same message meanwhile
+// (a Kafka partition handed over, an SQS visibility timeout run out) would
+// wait in its claim for as long as the freeze lasts. Every batch
+// transaction therefore sets idle_in_transaction_session_timeout to
+// Config.IdleTxTimeout (10s by default), in the same round trip as its
+// BEGIN: the server ends a session idle in its transaction for longer,
+// rolls it back and releases its locks. The frozen worker's batch then
+// fails when it wakes, and its redelivery is a duplicate. A handler that
+// itself waits longer than that between two statements (on an HTTP call,
+// say) has its batch fail, and each such failure counts as an attempt, so
+// the message is parked after Config.MaxAttempts rather than retried for
+// ever; keep such waits out of the transaction, or raise the timeout.
+//
 // Package consumertest provides an in-memory at-least-once broker for tests.
 package consumer

@@ -31,7 +31,7 @@ type isolation struct {
 // Handler, by bisection for a BatchHandler. With check, the deferred
 // constraints are checked after each handler call too.
 func (c *Consumer) runIsolated(ctx context.Context, b *Batch, items []*item, st *BatchStats, check bool) error {
-	tx, err := c.db.Begin(ctx)
+	tx, err := c.begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
@@ -68,7 +68,7 @@ func (c *Consumer) handle(ctx context.Context, p *isolation, news []*item) (herr
 	}
 	p.st.Handle += time.Since(t)
 	if herr != nil {
-		lost = connLost(p.tx, herr)
+		lost = connLost(p.tx, herr, time.Since(t), c.cfg.IdleTxTimeout)
 	}
 	return herr, lost
 }

@@ -113,16 +113,6 @@ type Config struct {
 	// logged as a warning naming it, and the other topics are consumed
 	// meanwhile. Defaults to 10s.
 	MetadataInterval time.Duration
-	// IdleTxTimeout bounds how long a batch transaction may stay idle after
-	// BeforeCommit stored the partition's offset, which locks the
-	// partition's row in the offsets table until the transaction ends.
-	// BeforeCommit sets PostgreSQL's idle_in_transaction_session_timeout to
-	// it for the rest of the transaction, so a worker that freezes between
-	// BeforeCommit and its commit (stopped, a long GC pause) has its
-	// session ended by the server, its transaction rolled back and the row
-	// unlocked, and the partition's next owner does not wait for it. A
-	// negative value leaves the server's setting. Defaults to 5s.
-	IdleTxTimeout time.Duration
 
 	// OnAssigned, when set, is called with the partitions a generation
 	// claimed, after the claim in Postgres and before any batch of them is
@@ -224,9 +214,6 @@ func (c Config) withDefaults() Config {
 	if c.MetadataInterval == 0 {
 		c.MetadataInterval = 10 * time.Second
 	}
-	if c.IdleTxTimeout == 0 {
-		c.IdleTxTimeout = 5 * time.Second
-	}
 	if c.IDHeader == "" {
 		c.IDHeader = DefaultIDHeader
 	}
@@ -307,8 +294,6 @@ func (c Config) validate() error {
 		return bad("JoinGroupBackoff", "must not be negative, got %s", c.JoinGroupBackoff)
 	case c.MetadataInterval < 0:
 		return bad("MetadataInterval", "must not be negative, got %s", c.MetadataInterval)
-	case c.IdleTxTimeout > 0 && c.IdleTxTimeout < time.Millisecond:
-		return bad("IdleTxTimeout", "%s is shorter than PostgreSQL's resolution of 1ms", c.IdleTxTimeout)
 	case len(c.Schema) > maxIdentLen:
 		return bad("Schema", "%q is longer than %d bytes", c.Schema, maxIdentLen)
 	case len(c.OffsetsTable) > maxIdentLen:
@@ -319,7 +304,7 @@ func (c Config) validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"SessionTimeout", c.SessionTimeout}, {"RebalanceTimeout", c.RebalanceTimeout}, {"HeartbeatInterval", c.HeartbeatInterval}, {"IdleTxTimeout", c.IdleTxTimeout}} {
+	}{{"SessionTimeout", c.SessionTimeout}, {"RebalanceTimeout", c.RebalanceTimeout}, {"HeartbeatInterval", c.HeartbeatInterval}} {
 		if d.v/time.Millisecond >= 1<<31-1 {
 			return bad(d.name, "%s is too long", d.v)
 		}

@@ -30,25 +30,24 @@
 //
 // # A frozen worker
 //
-// A worker that freezes (stopped, a long GC pause) between BeforeCommit and
-// its commit holds its partition's offsets row locked. Other partitions
-// never wait for it: a new owner of the partitions the frozen worker did
-// not lock consumes them as soon as the group has rebalanced. The locked
-// partition waits until the frozen transaction ends, and BeforeCommit
-// bounds that: it sets PostgreSQL's idle_in_transaction_session_timeout to
-// Config.IdleTxTimeout for the rest of the transaction, so the server ends
-// the frozen session, rolls its transaction back and releases the row
-// IdleTxTimeout after the freeze began. So a partition stalls behind a
-// frozen worker for at most IdleTxTimeout (5s by default) + 1s (the claim's
-// retry) after the rebalance that gave it away; since the coordinator only
-// drops a frozen member after SessionTimeout (10s by default), longer than
-// IdleTxTimeout, the row is usually free by then and nothing waits at all.
-// When the worker wakes, its commit fails (its session is gone), and its
-// retry of the batch is fenced: nothing is applied twice. A handler stuck
-// on a lock does not hold the row (BeforeCommit runs after the handlers),
-// and its batch is abandoned after Config.RevokeTimeout at a rebalance.
-// With a negative IdleTxTimeout the server's setting applies, and the
-// partition waits as long as the freeze lasts.
+// A worker that freezes (stopped, a long GC pause, a lost host) in the
+// middle of a batch holds its transaction open, and with it the markers
+// its claim took and, once past BeforeCommit, its partition's offsets row.
+// Other partitions never wait for it: claims at assignment skip locked
+// rows, so the new owner of the partitions the frozen worker did not lock
+// consumes them as soon as the group has rebalanced, and claims the locked
+// one again (after 50ms, doubling up to 1s) until it is free. The consumer
+// bounds how long that is: it sets PostgreSQL's
+// idle_in_transaction_session_timeout to consumer.Config.IdleTxTimeout
+// (10s by default) in every batch transaction, so the server ends the
+// frozen session, rolls its transaction back and releases its locks
+// IdleTxTimeout after the freeze began. The coordinator drops the frozen
+// member after SessionTimeout; so a partition stalls behind a frozen
+// worker for about max(SessionTimeout, IdleTxTimeout) + 1s, plus the
+// rebalance (see Failover). When the worker wakes, its commit fails (its
+// session is gone) and its retry of the batch is fenced: nothing is
+// applied twice. With a negative IdleTxTimeout the server's setting
+// applies, and the partition waits as long as the freeze lasts.
 //
 // The next offset stored is the first offset not yet settled: a message
 // handed back for a retry holds it back, while later messages of the
@@ -111,8 +110,8 @@
 // that is about 11s, measured with kfake (TestFailoverAfterKill), and at
 // most 40s. The dead worker's open transactions end when PostgreSQL sees
 // its connections close (for a host that is gone, after
-// Config.IdleTxTimeout at the latest once past BeforeCommit), so they hold
-// no offsets row by then.
+// consumer.Config.IdleTxTimeout at the latest), so they hold no offsets row
+// or marker by then.
 //
 // The session timeout is a trade-off: a shorter one fails over sooner, but
 // a worker whose heartbeats pause for longer (a stopped process, a long GC

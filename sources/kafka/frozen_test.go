@@ -68,8 +68,8 @@ func (e *env) effectsOn(lane string, on bool) int {
 // dropped from the group. The member that takes its partitions over
 // consumes the other partitions at once, and the locked one once the lock
 // is released (here the frozen session is ended, as PostgreSQL does after
-// IdleTxTimeout). When the frozen worker wakes its commit fails, its retry
-// is fenced, and every message has exactly one effect.
+// consumer.Config.IdleTxTimeout). When the frozen worker wakes its commit
+// fails, its retry is fenced, and every message has exactly one effect.
 func TestFrozenWorker(t *testing.T) {
 	e := newEnv(t, 4)
 	e.produce(0, 100)
@@ -79,7 +79,7 @@ func TestFrozenWorker(t *testing.T) {
 		c.RebalanceTimeout = time.Second
 		c.RevokeTimeout = 500 * time.Millisecond
 	}
-	a := e.source(quick, func(c *Config) { c.IdleTxTimeout = 10 * time.Minute })
+	a := e.source(quick)
 	a.cfg.RevokeTimeout = time.Minute // it waits for its batch, and the coordinator drops it
 	old, err := a.Fetch(ctx, 10)
 	if err != nil {
@@ -121,66 +121,5 @@ func TestFrozenWorker(t *testing.T) {
 	}
 	if row := e.storedOffsets()[l.partition]; row[0] != 25 || row[1] <= int64(l.gen.id) {
 		t.Fatalf("offsets row of %s: %v, want next offset 25 written by a generation after %d", l.name, row, l.gen.id)
-	}
-}
-
-// TestIdleTxTimeout: a batch transaction that stays idle after BeforeCommit
-// for longer than IdleTxTimeout has its session ended by the server, which
-// releases the offsets row; the setting ends with the transaction.
-func TestIdleTxTimeout(t *testing.T) {
-	e := newEnv(t, 1)
-	e.produce(0, 20)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	a := e.source(func(c *Config) { c.IdleTxTimeout = 500 * time.Millisecond })
-
-	// A batch that commits at once leaves its connection as it was.
-	first, err := a.Fetch(ctx, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := e.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var before string
-	if err := conn.QueryRow(ctx, `SHOW idle_in_transaction_session_timeout`).Scan(&before); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := a.BeforeCommit(ctx, tx, first, first.Messages); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	var after string
-	if err := conn.QueryRow(ctx, `SHOW idle_in_transaction_session_timeout`).Scan(&after); err != nil {
-		t.Fatal(err)
-	}
-	conn.Release()
-	if after != before {
-		t.Errorf("idle_in_transaction_session_timeout is %q after the commit, want %q as before the transaction", after, before)
-	}
-	if err := a.Settle(ctx, first, first.Messages, nil); err != nil {
-		t.Fatal(err)
-	}
-
-	// A batch that freezes after BeforeCommit loses its session.
-	frozen, err := a.Fetch(ctx, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, pid := e.freeze(ctx, a, frozen)
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	waitFor(t, time.Minute, "the server to end the idle session", func() bool { return e.sessionState(pid) == "" })
-	if err := tx.Commit(ctx); err == nil {
-		t.Fatal("the frozen transaction committed after its session was ended")
-	}
-	if rows, _ := e.effects(); rows != 0 {
-		t.Fatalf("%d effect rows, want none", rows)
 	}
 }

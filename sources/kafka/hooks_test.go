@@ -172,16 +172,15 @@ func TestRebalanceHooks(t *testing.T) {
 func TestGroupConfigDefaults(t *testing.T) {
 	d := Config{Brokers: []string{"b:1"}, Group: "g", Topics: []string{"t"}}.withDefaults()
 	if d.SessionTimeout != 10*time.Second || d.HeartbeatInterval != time.Second || d.RebalanceTimeout != 30*time.Second ||
-		d.RevokeTimeout != 10*time.Second || d.MetadataInterval != 10*time.Second || d.IdleTxTimeout != 5*time.Second {
-		t.Errorf("defaults: session %s, heartbeat %s, rebalance %s, revoke %s, metadata %s, idle tx %s",
-			d.SessionTimeout, d.HeartbeatInterval, d.RebalanceTimeout, d.RevokeTimeout, d.MetadataInterval, d.IdleTxTimeout)
+		d.RevokeTimeout != 10*time.Second || d.MetadataInterval != 10*time.Second {
+		t.Errorf("defaults: session %s, heartbeat %s, rebalance %s, revoke %s, metadata %s",
+			d.SessionTimeout, d.HeartbeatInterval, d.RebalanceTimeout, d.RevokeTimeout, d.MetadataInterval)
 	}
 	if h := (Config{SessionTimeout: 6 * time.Second}).withDefaults().HeartbeatInterval; h != time.Second {
 		t.Errorf("heartbeat for a 6s session: %s, want 1s", h)
 	}
 	for field, mutate := range map[string]func(*Config){
 		"MetadataInterval": func(c *Config) { c.MetadataInterval = -time.Second },
-		"IdleTxTimeout":    func(c *Config) { c.IdleTxTimeout = time.Microsecond },
 	} {
 		c := Config{Brokers: []string{"b:1"}, Group: "g", Topics: []string{"t"}, KafkaOffsetsOnly: true}
 		mutate(&c)
@@ -190,9 +189,5 @@ func TestGroupConfigDefaults(t *testing.T) {
 		if !errors.As(err, &ce) || ce.Field != field {
 			t.Errorf("%s: got %v, want a ConfigError for it", field, err)
 		}
-	}
-	c := Config{Brokers: []string{"b:1"}, Group: "g", Topics: []string{"t"}, KafkaOffsetsOnly: true, IdleTxTimeout: -1}
-	if _, err := New(nil, c); err != nil {
-		t.Errorf("a negative IdleTxTimeout (the server's setting): %v", err)
 	}
 }

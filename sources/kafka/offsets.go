@@ -33,7 +33,6 @@ type offsetStore struct {
 	table  string // raw name
 	claimSQL,
 	writeSQL string
-	idleTx string // idle_in_transaction_session_timeout set by write; "" for none
 }
 
 // claimLockTimeout bounds how long a claim waits for a row lock: only a
@@ -41,7 +40,7 @@ type offsetStore struct {
 // rows locked by a batch transaction are skipped and claimed again later.
 const claimLockTimeout = time.Second
 
-func newOffsetStore(db DB, group, schema, table string, idleTx time.Duration) *offsetStore {
+func newOffsetStore(db DB, group, schema, table string) *offsetStore {
 	t := pgx.Identifier{schema, table}.Sanitize()
 	st := &offsetStore{
 		db: db, group: group, schema: schema, table: table,
@@ -84,20 +83,6 @@ SET next_offset = GREATEST(o.next_offset, EXCLUDED.next_offset),
     generation = EXCLUDED.generation, updated_at = now()
 WHERE o.generation <= EXCLUDED.generation
 RETURNING o.next_offset`,
-	}
-	if idleTx > 0 {
-		// The same, and for the rest of the transaction (it holds the
-		// row's lock until it ends) the server ends the session when it
-		// stays idle for longer than idleTx.
-		st.writeSQL = `INSERT INTO ` + t + ` AS o (group_id, topic, partition, next_offset, generation)
-SELECT $1::text, $2::text, $3::integer, $4::bigint, $5::integer
-FROM (SELECT set_config('idle_in_transaction_session_timeout', $6::text, true)) AS idle
-ON CONFLICT (group_id, topic, partition) DO UPDATE
-SET next_offset = GREATEST(o.next_offset, EXCLUDED.next_offset),
-    generation = EXCLUDED.generation, updated_at = now()
-WHERE o.generation <= EXCLUDED.generation
-RETURNING o.next_offset`
-		st.idleTx = strconv.FormatInt(max(idleTx.Milliseconds(), 1), 10) + "ms"
 	}
 	return st
 }
@@ -197,9 +182,6 @@ func sortPartitions(tps []topicPartition) {
 func (s *offsetStore) write(ctx context.Context, tx pgx.Tx, tp topicPartition, gen int32, next int64) error {
 	var stored *int64
 	args := []any{s.group, tp.topic, int32(tp.partition), next, gen}
-	if s.idleTx != "" {
-		args = append(args, s.idleTx)
-	}
 	err := tx.QueryRow(ctx, s.writeSQL, args...).Scan(&stored)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("kafka: %s/%d of group %q is owned by a newer generation than %d: %w",

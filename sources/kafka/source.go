@@ -84,7 +84,7 @@ func New(db DB, cfg Config) (*Source, error) {
 		if db == nil {
 			return nil, &ConfigError{Field: "db", Reason: "a database is required unless KafkaOffsetsOnly is set"}
 		}
-		s.store = newOffsetStore(db, cfg.Group, cfg.Schema, cfg.OffsetsTable, cfg.IdleTxTimeout)
+		s.store = newOffsetStore(db, cfg.Group, cfg.Schema, cfg.OffsetsTable)
 	}
 	return s, nil
 }
