@@ -261,6 +261,8 @@ func (c *Consumer) runFast(ctx context.Context, b *Batch, items []*item, st *Bat
 		return err
 	}
 	t := time.Now()
+	idle := c.cfg.IdleTxTimeout
+	var slow []*item // handler calls that outlasted IdleTxTimeout
 	if c.cfg.BatchHandler != nil {
 		if len(news) > 0 {
 			if err := c.callBatch(ctx, tx, news); err != nil {
@@ -273,6 +275,9 @@ func (c *Consumer) runFast(ctx context.Context, b *Batch, items []*item, st *Bat
 				}
 				return errHandlerFailed
 			}
+		}
+		if idle > 0 && time.Since(t) > idle {
+			slow = news
 		}
 		for _, it := range news {
 			it.outcome = OutcomeApplied
@@ -294,11 +299,27 @@ func (c *Consumer) runFast(ctx context.Context, b *Batch, items []*item, st *Bat
 				c.recordFailure(it, err)
 				return errHandlerFailed
 			}
+			if idle > 0 && time.Since(ht) > idle {
+				slow = append(slow, it)
+			}
 			it.outcome = OutcomeApplied
 		}
 	}
 	st.Handle += time.Since(t)
-	return c.commit(ctx, tx, b, items, st)
+	err = c.commit(ctx, tx, b, items, st)
+	if err != nil && len(slow) > 0 {
+		if conn := tx.Conn(); conn != nil && conn.IsClosed() {
+			// The server most likely ended the session while a handler
+			// kept the transaction idle: the handler's failure, which
+			// counts as an attempt (a redelivery as an unknown outcome
+			// would meet the same end for ever).
+			for _, it := range slow {
+				c.recordFailure(it, &IdleTxError{Timeout: idle, Err: err})
+			}
+			return errHandlerFailed
+		}
+	}
+	return err
 }
 
 // prepare settles the messages that need no claim (unusable keys, failures

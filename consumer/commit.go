@@ -197,3 +197,18 @@ func idleTxEnded(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && pe.Code == "25P03"
 }
+
+// IdleTxError is the failure recorded for a message whose handler call
+// lasted longer than Config.IdleTxTimeout when the batch then lost its
+// connection before its commit: the server most likely ended the session
+// because the transaction stayed idle for too long.
+type IdleTxError struct {
+	Timeout time.Duration
+	Err     error
+}
+
+func (e *IdleTxError) Error() string {
+	return fmt.Sprintf("the handler kept the transaction idle for longer than IdleTxTimeout (%s), and its connection was lost before the commit: %v", e.Timeout, e.Err)
+}
+
+func (e *IdleTxError) Unwrap() error { return e.Err }

@@ -69,10 +69,12 @@
 // BEGIN: the server ends a session idle in its transaction for longer,
 // rolls it back and releases its locks. The frozen worker's batch then
 // fails when it wakes, and its redelivery is a duplicate. A handler that
-// itself waits longer than that between two statements (on an HTTP call,
-// say) has its batch fail, and each such failure counts as an attempt, so
-// the message is parked after Config.MaxAttempts rather than retried for
-// ever; keep such waits out of the transaction, or raise the timeout.
+// itself waits longer than that between two statements or after its last
+// one (on an HTTP call, say) has its batch fail, and each such failure
+// counts as an attempt of its message (of every message of the call, for a
+// BatchHandler), so it is parked after Config.MaxAttempts with an
+// *IdleTxError rather than delivered again for ever; keep such waits out of
+// the transaction, or raise the timeout.
 //
 // Package consumertest provides an in-memory at-least-once broker for tests.
 package consumer

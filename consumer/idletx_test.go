@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -127,4 +128,62 @@ func ctxTimeout(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// A handler whose transaction stays idle for longer than IdleTxTimeout
+// after its last statement returns without an error, and the server has
+// ended the session by the time the engine commits. That counts as the
+// handler's failed attempt too: the message is parked after MaxAttempts,
+// not delivered again for ever as an unknown outcome.
+func TestIdleAfterTheLastStatementCountsAttempts(t *testing.T) {
+	for _, shape := range []string{"Handler", "BatchHandler"} {
+		t.Run(shape, func(t *testing.T) {
+			e := newEnv(t, consumertest.Config{Lanes: 1})
+			e.broker.Publish(0, msg("a", "p"))
+			e.broker.Publish(0, msg("b", "p"))
+			pause := func() { time.Sleep(400 * time.Millisecond) } // waits on something else, inside the transaction
+			cfg := consumer.Config{IdleTxTimeout: 100 * time.Millisecond, MaxAttempts: 2, BatchSize: 2}
+			if shape == "Handler" {
+				cfg.Handler = func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+					if err := insertEffect(ctx, tx, m); err != nil {
+						return err
+					}
+					if m.ID == "b" {
+						pause()
+					}
+					return nil
+				}
+			} else {
+				cfg.BatchHandler = func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+					if err := insertEffects(ctx, tx, msgs); err != nil {
+						return err
+					}
+					for _, m := range msgs {
+						if m.ID == "b" {
+							pause()
+						}
+					}
+					return nil
+				}
+			}
+			e.runUntilIdle(e.consumer(cfg), time.Minute)
+			counts := e.effectCounts()
+			parked := map[string]string{}
+			for _, p := range e.parked() {
+				parked[string(p.Payload)+"/"+p.Ref] = p.Reason
+				if p.Reason != "max_attempts" || !strings.Contains(p.LastError, "IdleTxTimeout") {
+					t.Errorf("parked %v: want max_attempts, with an error naming IdleTxTimeout", p)
+				}
+			}
+			// A Handler's slow call is its own message's; a BatchHandler's
+			// is the whole call's, so both of its messages are parked.
+			wantParked, wantA := 1, 1
+			if shape == "BatchHandler" {
+				wantParked, wantA = 2, 0
+			}
+			if len(parked) != wantParked || counts["b"] != 0 || counts["a"] != wantA {
+				t.Fatalf("parked %v, effects %v: want %d parked and a applied %d times", parked, counts, wantParked, wantA)
+			}
+		})
+	}
 }
