@@ -118,6 +118,16 @@ func (e *env) produce(from, to int) {
 // after the effects were written, makes process return errCrash with the
 // transaction rolled back and the batch unsettled.
 func process(ctx context.Context, s *Source, pool *pgxpool.Pool, b *consumer.Batch, crash func(*consumer.Batch) bool) error {
+	return processWith(ctx, s, pool, b, crash, nil)
+}
+
+// processThen is process with committed called between the commit and
+// Settle.
+func processThen(ctx context.Context, s *Source, pool *pgxpool.Pool, b *consumer.Batch, committed func()) error {
+	return processWith(ctx, s, pool, b, nil, committed)
+}
+
+func processWith(ctx context.Context, s *Source, pool *pgxpool.Pool, b *consumer.Batch, crash func(*consumer.Batch) bool, committed func()) error {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return err
@@ -140,6 +150,9 @@ func process(ctx context.Context, s *Source, pool *pgxpool.Pool, b *consumer.Bat
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return err
+	}
+	if committed != nil {
+		committed()
 	}
 	return s.Settle(ctx, b, b.Messages, nil)
 }

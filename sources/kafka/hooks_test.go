@@ -88,10 +88,13 @@ func TestRebalanceHooks(t *testing.T) {
 						break
 					}
 				}
-				if err := process(ctx, a, e.pool, b, nil); err != nil {
+				// Recorded between the commit and Settle: Settle is what
+				// lets the revocation go on, so an event logged after it
+				// could come after OnRevoked's.
+				afterCommit := func() { log.add("A", "committed-held", b.Lane) }
+				if err := processThen(ctx, a, e.pool, b, afterCommit); err != nil {
 					t.Errorf("the batch held over the end of the generation: %v", err)
 				}
-				log.add("A", "committed-held", b.Lane)
 				held <- b.Lane
 				continue
 			}
