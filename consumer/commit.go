@@ -148,7 +148,7 @@ func (e *CommitCheckError) Unwrap() error { return e.Err }
 // failure, and counts as an attempt, or a handler that always waits that
 // long would be retried for ever.
 func connLost(tx pgx.Tx, err error, took, idle time.Duration) error {
-	if idleTxEnded(err) || (idle > 0 && took > idle) {
+	if idle > 0 && took > idle {
 		return nil
 	}
 	if conn := tx.Conn(); conn != nil && conn.IsClosed() {
@@ -189,13 +189,6 @@ func (c *Consumer) begin(ctx context.Context) (pgx.Tx, error) {
 		return nil, err
 	}
 	return tx, nil
-}
-
-// idleTxEnded reports whether err is the server ending the session because
-// the transaction stayed idle for longer than idle_in_transaction_session_timeout.
-func idleTxEnded(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == "25P03"
 }
 
 // IdleTxError is the failure recorded for a message whose handler call

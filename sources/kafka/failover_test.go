@@ -1,12 +1,10 @@
 package kafka
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -48,25 +46,6 @@ func TestWorkerProcess(t *testing.T) {
 	w.wait(t) // until killed
 }
 
-// lockedBuffer is a bytes.Buffer that a child process and the test may
-// use at once.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // TestFailoverAfterKill: a worker process is killed with SIGKILL, so it
 // neither leaves the group nor closes anything itself (the kernel closes
 // its sockets, which the coordinator ignores: only missed heartbeats end a
@@ -82,7 +61,7 @@ func TestFailoverAfterKill(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
-	var out lockedBuffer
+	var out logBuffer // the child process and the test write and read it at once
 	child := exec.Command(os.Args[0], "-test.run=^TestWorkerProcess$", "-test.count=1")
 	child.Env = append(os.Environ(),
 		"KAFKA_WORKER_PROCESS=1",
