@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/effectively-once/effectively/bench"
-	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

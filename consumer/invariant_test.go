@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/pgtest"
 )
 
 // TestInvariant is the promise, for every strategy and both handler shapes,

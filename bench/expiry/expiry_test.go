@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/bench/expiry"
-	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/bloom"
-	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/pgtest"
 )
 
 // Setting the strategy up and claiming batches by hand, in the transaction

@@ -11,7 +11,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/highwater"
-	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )

@@ -9,7 +9,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
-	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/pgtest"
 )
 
 // Claiming a batch by hand, in the transaction that also writes the effect

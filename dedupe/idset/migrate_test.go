@@ -10,7 +10,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
-	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/pgtest"
 )
 
 // TestMigrateQuotesNames: schema and table names that need quoting work

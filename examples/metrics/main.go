@@ -31,7 +31,7 @@ import (
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/dedupe/idset"
-	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/pgtest"
 	effprom "github.com/effectively-once/effectively/metrics/prometheus"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"

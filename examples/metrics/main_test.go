@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/internal/chaos"
-	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
 )

@@ -11,7 +11,7 @@ import (
 	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/internal/kafkatest"
-	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/pgtest"
 	kafkago "github.com/segmentio/kafka-go"
 )
 

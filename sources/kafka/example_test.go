@@ -8,7 +8,7 @@ import (
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/internal/kafkatest"
-	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/pgtest"
 	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"

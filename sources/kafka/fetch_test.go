@@ -9,7 +9,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/internal/kafkatest"
-	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/pgtest"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 )

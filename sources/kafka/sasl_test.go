@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/internal/kafkatest"
-	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/pgtest"
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/segmentio/kafka-go/sasl/plain"

@@ -18,7 +18,7 @@ import (
 	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/internal/kafkatest"
-	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"

@@ -3,7 +3,7 @@ package sqs_test
 import (
 	"testing"
 
-	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/pgtest"
 )
 
 // TestMain stops the throwaway PostgreSQL server at the end; the emulator

@@ -13,7 +13,7 @@ import (
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/dedupe/idset"
-	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/pgtest"
 	oteltrace "github.com/effectively-once/effectively/tracing/otel"
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel"

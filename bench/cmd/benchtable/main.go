@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/bench"
-	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 

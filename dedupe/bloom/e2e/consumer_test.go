@@ -17,7 +17,7 @@ import (
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/dedupe/bloom"
-	"github.com/effectively-once/effectively/internal/pgtest"
+	"github.com/effectively-once/effectively/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
