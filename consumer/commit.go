@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/effectively-once/effectively/dedupe"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -205,3 +206,45 @@ func (e *IdleTxError) Error() string {
 }
 
 func (e *IdleTxError) Unwrap() error { return e.Err }
+
+// commit is the last stage of a pass: the parked rows and the source's
+// state are written in tx, which then commits; the strategy learns what
+// committed.
+func (c *Consumer) commit(ctx context.Context, tx pgx.Tx, b *Batch, items []*item, st *BatchStats) error {
+	t := time.Now()
+	var park []parkRow
+	var ack []*Message
+	for _, it := range items {
+		if it.outcome == OutcomeParked {
+			park = append(park, parkRow{it: it, reason: it.reason, err: it.err, hasMarker: it.hasMarker})
+		}
+		if it.outcome != OutcomeRetried {
+			ack = append(ack, it.m)
+		}
+	}
+	if err := c.insertParked(ctx, tx, park); err != nil {
+		return fmt.Errorf("park: %w", err)
+	}
+	if c.txsrc != nil {
+		if err := c.txsrc.BeforeCommit(ctx, tx, b, ack); err != nil {
+			return fmt.Errorf("source: %w", err)
+		}
+	}
+	if err := commitTx(ctx, tx); err != nil {
+		return err
+	}
+	st.Commit += time.Since(t)
+	if c.committer != nil {
+		var keys []dedupe.Key
+		var verdicts []dedupe.Verdict
+		for _, it := range items {
+			if it.verdict == 0 || it.verdict == dedupe.VerdictGap || it.outcome == OutcomeRetried {
+				continue
+			}
+			keys = append(keys, it.key)
+			verdicts = append(verdicts, it.verdict)
+		}
+		c.committed(keys, verdicts)
+	}
+	return nil
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,10 +23,7 @@ type Consumer struct {
 	db           DB
 	src          Source
 	txsrc        TxSource
-	cfg          Config
-	log          *slog.Logger
-	committer    dedupe.Committer
-	checker      dedupe.KeyChecker
+	path         // the one path from a message's key to its handler
 	sequenced    bool
 	keepRetrying bool      // the source's broker takes exhausted messages
 	upkeepDB     dedupe.DB // for the strategy's maintenance and warm-up
@@ -57,8 +53,7 @@ func New(db DB, src Source, cfg Config) (*Consumer, error) {
 	c := &Consumer{
 		db:          db,
 		src:         src,
-		cfg:         cfg,
-		log:         cfg.Logger.With("consumer", cfg.Name),
+		path:        newPath(cfg, cfg.Logger.With("consumer", cfg.Name)),
 		parkedTable: pgx.Identifier{cfg.Schema, cfg.ParkedTable}.Sanitize(),
 		idleSQL:     idleSQL(cfg.IdleTxTimeout),
 	}
@@ -71,8 +66,6 @@ func New(db DB, src Source, cfg Config) (*Consumer, error) {
 			return nil, &ConfigError{Field: "db", Reason: fmt.Sprintf("strategy %s runs maintenance, which needs Exec as well as Begin (*pgxpool.Pool has both)", cfg.Strategy.Name())}
 		}
 	}
-	c.committer, _ = cfg.Strategy.(dedupe.Committer)
-	c.checker, _ = cfg.Strategy.(dedupe.KeyChecker)
 	if sq, ok := cfg.Strategy.(dedupe.Sequencer); ok {
 		c.sequenced = sq.Sequenced()
 	}

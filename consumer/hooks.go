@@ -63,6 +63,11 @@ type BatchStats struct {
 	// connection: they may or may not have committed, and are delivered
 	// again (see OutcomeUnknown). Err is then set too.
 	Unknown int
+	// Reruns counts handler calls beyond the first for a message within
+	// this batch (a healthy message run again while a failing batch-mate
+	// is isolated). Their effects rolled back, but anything the handler did
+	// outside the transaction happened again.
+	Reruns int
 	// Isolated is true when a handler failed and the batch was re-run under
 	// savepoints to isolate the failing messages.
 	Isolated bool

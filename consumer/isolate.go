@@ -10,47 +10,39 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Isolating a batch: when handlers keep failing (or the COMMIT was
-// refused), the batch runs again under savepoints, so each failing message
-// is found and rolled back alone while the rest commits.
+// The isolated handle stage: when handlers keep failing (or the COMMIT was
+// refused), the pass runs under savepoints, so each failing message is
+// found and rolled back alone while the rest commits. Claim and handler
+// run together under each savepoint, so a failing message's marker rolls
+// back with its effect.
 
 // isolation is the state of one isolating pass over a batch.
 type isolation struct {
-	tx pgx.Tx
-	st *BatchStats
-	// held is, per sender, the lowest sequence number of the batch to be
-	// retried: the sender's later messages wait for it.
-	held map[senderRef]int64
+	tx   pgx.Tx
+	st   *BatchStats
+	gate *gate
 	// check runs the deferred constraints after each message (or group),
 	// to find the one that makes the COMMIT fail.
 	check bool
 }
 
-// runIsolated settles the batch under savepoints so that each failing
-// message is found and rolled back alone: message by message for a
-// Handler, by bisection for a BatchHandler. With check, the deferred
-// constraints are checked after each handler call too.
-func (c *Consumer) runIsolated(ctx context.Context, b *Batch, items []*item, st *BatchStats, check bool) error {
-	tx, err := c.begin(ctx)
-	if err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-
-	todo, held := c.prepare(items)
-	p := &isolation{tx: tx, st: st, held: held, check: check}
+// isolate settles run under savepoints: message by message for a Handler,
+// by bisection for a BatchHandler. A message handed back for a retry
+// tells the gate, which settles its sender's later messages at once;
+// those are skipped here.
+func (c *Consumer) isolate(ctx context.Context, p *isolation, run []*item) error {
 	if c.cfg.BatchHandler != nil {
-		if err := c.bisect(ctx, p, todo); err != nil {
+		return c.bisect(ctx, p, run)
+	}
+	for _, it := range run {
+		if it.outcome != 0 {
+			continue // held back by a failure before it
+		}
+		if err := c.isolateOne(ctx, p, it); err != nil {
 			return err
 		}
-	} else {
-		for _, it := range todo {
-			if err := c.isolateOne(ctx, p, it); err != nil {
-				return err
-			}
-		}
 	}
-	return c.commit(ctx, tx, b, items, st)
+	return nil
 }
 
 // handle runs the handler for news under the isolation's savepoint and,
@@ -61,7 +53,7 @@ func (c *Consumer) handle(ctx context.Context, p *isolation, news []*item) (herr
 	if c.cfg.BatchHandler != nil {
 		herr = c.callBatch(ctx, p.tx, news)
 	} else {
-		herr = c.call(ctx, p.tx, news[0].m)
+		herr = c.call(ctx, p.tx, news[0])
 	}
 	if herr == nil && p.check {
 		herr = checkDeferred(ctx, p.tx)
@@ -75,55 +67,47 @@ func (c *Consumer) handle(ctx context.Context, p *isolation, news []*item) (herr
 
 // isolateOne claims and handles one message under a savepoint.
 func (c *Consumer) isolateOne(ctx context.Context, p *isolation, it *item) error {
-	tx, st, held := p.tx, p.st, p.held
-	if c.sequenced && it.key.Sender != "" && mustWait(it, held) {
-		c.wait(it, "an earlier message of its sender is waiting for a retry")
-		return nil
-	}
+	tx := p.tx
 	if _, err := tx.Exec(ctx, "SAVEPOINT effectively_msg"); err != nil {
 		return fmt.Errorf("savepoint: %w", err)
 	}
-	news, err := c.claim(ctx, tx, []*item{it}, st)
+	news, err := c.claim(ctx, tx, []*item{it}, p.st)
 	var ke *dedupe.KeyError
-	if errors.As(err, &ke) {
-		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT effectively_msg"); err != nil {
-			return fmt.Errorf("rollback to savepoint: %w", err)
+	switch {
+	case errors.As(err, &ke):
+		if err := rollbackTo(ctx, tx, "effectively_msg"); err != nil {
+			return err
 		}
 		it.reset()
 		it.keyErr = ke
 		it.park(ReasonInvalidKey, ke, false)
-	} else if err != nil {
+	case err != nil:
 		return err
-	}
-	if len(news) == 1 {
-		if it.failed != nil {
-			c.parkFailed(it)
-		} else {
-			herr, lost := c.handle(ctx, p, news)
-			if lost != nil {
-				return lost
+	case len(news) == 1 && it.failed != nil:
+		c.parkFailed(it) // parked after failing in an earlier pass
+	case len(news) == 1:
+		herr, lost := c.handle(ctx, p, news)
+		switch {
+		case lost != nil:
+			return lost
+		case herr == nil:
+			it.outcome = OutcomeApplied
+		default:
+			if err := rollbackTo(ctx, tx, "effectively_msg"); err != nil {
+				return err
 			}
-			if herr == nil {
-				it.outcome = OutcomeApplied
-			} else {
-				if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT effectively_msg"); err != nil {
-					return fmt.Errorf("rollback to savepoint: %w", err)
-				}
-				it.reset()
-				c.recordFailure(it, herr)
-				if it.failedPark {
-					// Claim again so the parked row commits with a marker.
-					if news, err := c.claim(ctx, tx, []*item{it}, st); err != nil {
-						return err
-					} else if len(news) == 1 {
-						c.parkFailed(it)
-					}
-				} else {
-					it.retry(herr, c.retryDelay(it))
-					if c.sequenced {
-						hold(held, it)
-					}
-				}
+			it.reset()
+			c.recordFailure(it, herr)
+			if !it.failedPark {
+				it.retry(herr, c.retryDelay(it))
+				p.gate.handBack(it)
+				break
+			}
+			// Claim again so the parked row commits with a marker.
+			if news, err := c.claim(ctx, tx, []*item{it}, p.st); err != nil {
+				return err
+			} else if len(news) == 1 {
+				c.parkFailed(it)
 			}
 		}
 	}
@@ -137,30 +121,18 @@ func (c *Consumer) isolateOne(ctx context.Context, p *isolation, it *item) error
 // fails it rolls the group back and tries each half, down to single
 // messages, which are then retried or parked.
 func (c *Consumer) bisect(ctx context.Context, p *isolation, group []*item) error {
-	tx, st, held := p.tx, p.st, p.held
-	if c.sequenced {
-		// A message that failed earlier in this pass holds its sender's
-		// later ones back.
-		ready := group[:0:0]
-		for _, it := range group {
-			if it.key.Sender != "" && mustWait(it, held) {
-				c.wait(it, "an earlier message of its sender is waiting for a retry")
-			} else {
-				ready = append(ready, it)
-			}
-		}
-		group = ready
-	}
-	if len(group) == 0 {
+	group = pending(group) // some may have been held back by a failure before them
+	switch len(group) {
+	case 0:
 		return nil
-	}
-	if len(group) == 1 {
+	case 1:
 		return c.isolateOne(ctx, p, group[0])
 	}
+	tx := p.tx
 	if _, err := tx.Exec(ctx, "SAVEPOINT effectively_group"); err != nil {
 		return fmt.Errorf("savepoint: %w", err)
 	}
-	news, err := c.claim(ctx, tx, group, st)
+	news, err := c.claim(ctx, tx, group, p.st)
 	var herr error
 	var ke *dedupe.KeyError
 	switch {
@@ -168,19 +140,11 @@ func (c *Consumer) bisect(ctx context.Context, p *isolation, group []*item) erro
 		herr = ke // split until the refused key is alone
 	case err != nil:
 		return err
-	case len(news) > 0:
-		run := news[:0:0]
-		for _, it := range news {
-			if it.failed != nil {
-				c.parkFailed(it) // failed alone before: parked with its marker
-			} else {
-				run = append(run, it)
-			}
-		}
-		news = run
-		if len(run) > 0 {
+	default:
+		news = c.parkDecided(news) // failed alone before: parked with its marker
+		if len(news) > 0 {
 			var lost error
-			if herr, lost = c.handle(ctx, p, run); lost != nil {
+			if herr, lost = c.handle(ctx, p, news); lost != nil {
 				return lost
 			}
 		}
@@ -194,8 +158,8 @@ func (c *Consumer) bisect(ctx context.Context, p *isolation, group []*item) erro
 		}
 		return nil
 	}
-	if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT effectively_group; RELEASE SAVEPOINT effectively_group"); err != nil {
-		return fmt.Errorf("rollback to savepoint: %w", err)
+	if err := rollbackTo(ctx, tx, "effectively_group; RELEASE SAVEPOINT effectively_group"); err != nil {
+		return err
 	}
 	for _, it := range group {
 		it.reset()
@@ -205,4 +169,11 @@ func (c *Consumer) bisect(ctx context.Context, p *isolation, group []*item) erro
 		return err
 	}
 	return c.bisect(ctx, p, group[mid:])
+}
+
+func rollbackTo(ctx context.Context, tx pgx.Tx, savepoint string) error {
+	if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+savepoint); err != nil {
+		return fmt.Errorf("rollback to savepoint: %w", err)
+	}
+	return nil
 }

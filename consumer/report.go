@@ -5,6 +5,14 @@ import (
 	"log/slog"
 )
 
+// beginBatch builds the stats of batch b and runs the start hooks.
+func (c *Consumer) beginBatch(ctx context.Context, b *Batch) (context.Context, *BatchStats) {
+	for _, h := range c.startHooks {
+		ctx = h.BatchStart(ctx, c.cfg.Name, b.Lane, len(b.Messages))
+	}
+	return ctx, &BatchStats{Consumer: c.cfg.Name, Strategy: c.cfg.Strategy.Name(), Lane: b.Lane, Size: len(b.Messages)}
+}
+
 // report counts outcomes, logs the noteworthy ones and calls the hooks.
 func (c *Consumer) report(ctx context.Context, st *BatchStats, items []*item) {
 	for _, it := range items {

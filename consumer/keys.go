@@ -1,0 +1,76 @@
+package consumer
+
+import (
+	"runtime/debug"
+
+	"github.com/effectively-once/effectively/dedupe"
+)
+
+// keyer is the one place that turns a message into its dedupe key: the
+// consumer's batches, Redrive and Classify (the replay dry run) all derive
+// keys through it, so they cannot disagree.
+type keyer struct {
+	fn      KeyFunc
+	scope   string
+	noFP    bool
+	maxLen  int
+	checker dedupe.KeyChecker // the strategy's own rules, if it has any
+}
+
+func newKeyer(cfg Config) keyer {
+	k := keyer{fn: cfg.KeyFunc, scope: cfg.Scope, noFP: cfg.NoFingerprint, maxLen: cfg.MaxKeyLen}
+	k.checker, _ = cfg.Strategy.(dedupe.KeyChecker)
+	return k
+}
+
+// key derives m's key with the KeyFunc, fills in the scope and the payload
+// fingerprint, and validates it. An error means the message has no usable
+// key and is parked with reason invalid_key. A panicking KeyFunc is a
+// *PanicError.
+func (kr keyer) key(m *Message) (k dedupe.Key, err error) {
+	k, err = kr.call(m)
+	if err != nil {
+		return k, err
+	}
+	if k.Scope == "" {
+		k.Scope = kr.scope
+	}
+	if k.Fingerprint == nil && !kr.noFP {
+		k.Fingerprint = dedupe.Fingerprint(m.Value)
+	}
+	if err := dedupe.Validate(k, kr.maxLen); err != nil {
+		return k, err
+	}
+	if k.ID == "" && k.Sender == "" {
+		return k, &dedupe.KeyError{Key: k, Reason: "no dedupe key: the message has no ID and no sender"}
+	}
+	if kr.checker != nil {
+		if err := kr.checker.CheckKey(k); err != nil {
+			return k, err
+		}
+	}
+	return k, nil
+}
+
+func (kr keyer) call(m *Message) (k dedupe.Key, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: debug.Stack()}
+		}
+	}()
+	return kr.fn(m)
+}
+
+// deriveKeys is the first stage of a batch: every message's key, or the
+// reason it has none, and how many of its deliveries were real attempts.
+func (c *Consumer) deriveKeys(msgs []*Message) []*item {
+	items := make([]*item, len(msgs))
+	for i, m := range msgs {
+		it := &item{m: m}
+		it.key, it.keyErr = c.keys.key(m)
+		m.DedupeKey = it.key
+		it.tries = c.waits.failures(m)
+		items[i] = it
+	}
+	return items
+}
