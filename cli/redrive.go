@@ -100,11 +100,10 @@ their ref as "parked list" shows it; every row under that ref is redriven.
 			if err := a.confirm(cmd, fmt.Sprintf("Redrive %d parked message(s) of scope %q through handler %q?", n, f.scope, handler)); err != nil {
 				return err
 			}
-			res, err := consumer.Redrive(ctx, pool, consumer.RedriveConfig{
-				Scope: f.scope, Strategy: s, Handler: h, BatchHandler: bh, KeyFunc: kf,
+			res, err := consumer.Redrive(ctx, pool, consumer.Config{
+				Name: f.scope, Strategy: s, Handler: h, BatchHandler: bh, KeyFunc: kf,
 				Schema: a.schema, ParkedTable: a.parkedTable,
-				Filter: consumer.RedriveFilter{IDs: f.ids, Refs: refs, Reason: f.reason, Limit: f.limit},
-			})
+			}, consumer.RedriveFilter{IDs: f.ids, Refs: refs, Reason: f.reason, Limit: f.limit})
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tREF\tCOUNT\tREASON\tOUTCOME\tERROR")
 			for _, it := range res.Items {

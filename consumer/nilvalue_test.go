@@ -137,7 +137,7 @@ func TestNilAndEmptyValuesSurvive(t *testing.T) {
 			fixed.Store(true)
 			rcfg := e.redriveConfig(nil)
 			rcfg.Handler, rcfg.BatchHandler = cfg.Handler, cfg.BatchHandler
-			res, err := consumer.Redrive(context.Background(), e.pool, rcfg)
+			res, err := rcfg.run(e)
 			if err != nil || res.Applied != len(shapes) {
 				t.Fatalf("redrive: %+v, %v", res, err)
 			}
@@ -161,7 +161,7 @@ func TestRedriveKeylessTombstone(t *testing.T) {
 		nils = append(nils, m.Value == nil)
 		return dedupe.Key{ID: string(m.Key)}, nil
 	}
-	res, err := consumer.Redrive(context.Background(), e.pool, cfg)
+	res, err := cfg.run(e)
 	if err != nil || res.Applied != 2 {
 		t.Fatalf("redrive: %+v, %v", res, err)
 	}

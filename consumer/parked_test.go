@@ -137,7 +137,7 @@ func (e *env) redriveAll() ([]redriven, consumer.RedriveResult) {
 		sum := sha256.Sum256(fmt.Appendf(nil, "%q|%q|%#v|%#v|%#v", m.Source, m.Ref, m.Value, m.Key, m.Headers))
 		return dedupe.Key{ID: fmt.Sprintf("%x", sum)}, nil
 	}
-	res, err := consumer.Redrive(context.Background(), e.pool, cfg)
+	res, err := cfg.run(e)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -347,7 +347,7 @@ func TestParkedAgainKeepsKeyAndMarker(t *testing.T) {
 			}
 			cfg := e.redriveConfig(insertEffect)
 			cfg.KeyFunc = keyed.KeyFunc
-			res, err := consumer.Redrive(context.Background(), e.pool, cfg)
+			res, err := cfg.run(e)
 			if err != nil || res.Applied != 1 {
 				t.Fatalf("redrive: %+v, %v", res, err)
 			}

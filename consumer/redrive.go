@@ -6,12 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
-	"runtime/debug"
 	"time"
 
 	"github.com/effectively-once/effectively/dedupe"
-	"github.com/effectively-once/effectively/internal/logx"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -29,82 +26,6 @@ type RedriveFilter struct {
 	Reason string
 	// Limit is the most rows redriven. Defaults to 0: no limit.
 	Limit int
-}
-
-// RedriveConfig configures Redrive: the parts of a Config that apply a
-// message, and which parked messages to redrive.
-type RedriveConfig struct {
-	// Name is the consumer's name. Scope defaults to it; it is required
-	// when Scope is empty.
-	Name string
-	// Scope is the scope whose parked messages are redriven and whose
-	// markers are claimed. Defaults to Name.
-	Scope string
-	// Strategy claims the keys of messages parked without a marker.
-	// Required.
-	Strategy dedupe.Strategy
-	// Handler applies one message. Exactly one of Handler and BatchHandler
-	// is required.
-	Handler Handler
-	// BatchHandler, if set instead of Handler, is called with one message at
-	// a time.
-	BatchHandler BatchHandler
-	// KeyFunc derives the key of messages parked with reason invalid_key,
-	// which have none. Defaults to nil: such messages are skipped.
-	KeyFunc KeyFunc
-	// NoFingerprint turns off the payload fingerprint of keys derived by
-	// KeyFunc. Defaults to false.
-	NoFingerprint bool
-	// MaxKeyLen is the longest ID and sender a KeyFunc may derive. Defaults
-	// to 512.
-	MaxKeyLen int
-	// Schema holds the parked table. Defaults to "effectively".
-	Schema string
-	// ParkedTable is the parked table's name. Defaults to "parked".
-	ParkedTable string
-	// Filter selects the rows to redrive. Defaults to every row of Scope.
-	Filter RedriveFilter
-	// Logger receives one line per redriven message, at Info level.
-	// Defaults to warnings and errors on stderr.
-	Logger *slog.Logger
-}
-
-func (c RedriveConfig) withDefaults() RedriveConfig {
-	if c.Scope == "" {
-		c.Scope = c.Name
-	}
-	if c.MaxKeyLen == 0 {
-		c.MaxKeyLen = dedupe.DefaultMaxIDLen
-	}
-	if c.Schema == "" {
-		c.Schema = dedupe.DefaultSchema
-	}
-	if c.ParkedTable == "" {
-		c.ParkedTable = "parked"
-	}
-	if c.Logger == nil {
-		c.Logger = logx.Default()
-	}
-	return c
-}
-
-func (c RedriveConfig) validate() error {
-	bad := func(field, reason string) error { return &ConfigError{Field: field, Reason: reason} }
-	switch {
-	case c.Scope == "":
-		return bad("Scope", "is required (or Name)")
-	case c.Strategy == nil:
-		return bad("Strategy", "is required")
-	case c.Handler == nil && c.BatchHandler == nil:
-		return bad("Handler", "one of Handler and BatchHandler is required")
-	case c.Handler != nil && c.BatchHandler != nil:
-		return bad("Handler", "set only one of Handler and BatchHandler")
-	case c.Filter.Limit < 0:
-		return bad("Filter.Limit", fmt.Sprintf("must not be negative, got %d", c.Filter.Limit))
-	case c.MaxKeyLen < 0:
-		return bad("MaxKeyLen", fmt.Sprintf("must not be negative, got %d", c.MaxKeyLen))
-	}
-	return nil
 }
 
 // Redrive outcomes, in RedriveItem.Outcome.
@@ -161,23 +82,28 @@ func (r *RedriveResult) add(it RedriveItem) {
 	r.Items = append(r.Items, it)
 }
 
-// Redrive runs the parked messages of cfg.Scope selected by cfg.Filter
-// through cfg's handler again, oldest first, each in a transaction of its
-// own that also deletes its parked row: a redriven message is applied
-// exactly once and leaves the parked table in the same commit.
+// Redrive runs the parked messages of cfg.Scope selected by f through
+// cfg's handler again, oldest first, each in a transaction of its own that
+// also deletes its parked row: a redriven message is applied exactly once
+// and leaves the parked table in the same commit. cfg is the consumer's
+// Config (its Name, Scope, Strategy, handler, KeyFunc, key settings, Schema,
+// ParkedTable and Logger apply), so a message is keyed, claimed and handled
+// on the same path as in the consumer.
 //
 // The row is deleted first, which locks it: a second Redrive of the same
 // row, at the same time, waits and then finds it gone (RedriveGone). A
 // message parked without a dedupe marker (invalid_key, gap) has its key
-// claimed with cfg.Strategy first; if another delivery applied it
-// meanwhile, its row is removed as a duplicate. A handler failure rolls the
-// transaction back: the row stays parked, with attempts incremented and
-// last_error set, and Redrive goes on with the next row.
+// claimed with cfg.Strategy first (a message parked with reason
+// invalid_key gets its key from cfg.KeyFunc, which can be a new one); if
+// another delivery applied it meanwhile, its row is removed as a
+// duplicate. A handler failure rolls the transaction back: the row stays
+// parked, with attempts incremented and last_error set, and Redrive goes
+// on with the next row. Each redriven row is logged at Info level.
 //
 // Redrive is safe while consumers of the same scope run. It returns an
 // error only when it cannot go on (the database is unreachable, the table
 // missing, ctx done), together with what it did until then.
-func Redrive(ctx context.Context, db DB, cfg RedriveConfig) (RedriveResult, error) {
+func Redrive(ctx context.Context, db DB, cfg Config, f RedriveFilter) (RedriveResult, error) {
 	var res RedriveResult
 	if db == nil {
 		return res, &ConfigError{Field: "db", Reason: "is nil"}
@@ -186,9 +112,24 @@ func Redrive(ctx context.Context, db DB, cfg RedriveConfig) (RedriveResult, erro
 	if err := cfg.validate(); err != nil {
 		return res, err
 	}
-	r := &redriver{db: db, cfg: cfg, table: pgx.Identifier{cfg.Schema, cfg.ParkedTable}.Sanitize()}
-	r.committer, _ = cfg.Strategy.(dedupe.Committer)
-	r.checker, _ = cfg.Strategy.(dedupe.KeyChecker)
+	if f.Limit < 0 {
+		return res, &ConfigError{Field: "RedriveFilter.Limit", Reason: fmt.Sprintf("must not be negative, got %d", f.Limit)}
+	}
+	return redrive(ctx, db, newPath(cfg, cfg.Logger), f)
+}
+
+// Redrive runs the consumer's parked messages selected by f through its
+// handler again; see the function Redrive.
+func (c *Consumer) Redrive(ctx context.Context, f RedriveFilter) (RedriveResult, error) {
+	if f.Limit < 0 {
+		return RedriveResult{}, &ConfigError{Field: "RedriveFilter.Limit", Reason: fmt.Sprintf("must not be negative, got %d", f.Limit)}
+	}
+	return redrive(ctx, c.db, c.path, f)
+}
+
+func redrive(ctx context.Context, db DB, p path, f RedriveFilter) (RedriveResult, error) {
+	var res RedriveResult
+	r := &redriver{db: db, path: p, filter: f, table: pgx.Identifier{p.cfg.Schema, p.cfg.ParkedTable}.Sanitize()}
 	ids, err := r.selectIDs(ctx)
 	if err != nil {
 		return res, err
@@ -201,33 +142,21 @@ func Redrive(ctx context.Context, db DB, cfg RedriveConfig) (RedriveResult, erro
 		if err != nil {
 			return res, err
 		}
-		cfg.Logger.Info("redrive", "id", it.ID, "ref", it.Ref, "park_count", it.ParkCount, "reason", it.Reason, "outcome", it.Outcome, "err", errString(it.Err))
+		p.log.InfoContext(ctx, "redrive", "id", it.ID, "ref", it.Ref, "park_count", it.ParkCount, "reason", it.Reason, "outcome", it.Outcome, "err", errString(it.Err))
 		res.add(it)
 	}
 	return res, nil
 }
 
-// Redrive runs the consumer's parked messages selected by f through its
-// handler again; see the function Redrive.
-func (c *Consumer) Redrive(ctx context.Context, f RedriveFilter) (RedriveResult, error) {
-	return Redrive(ctx, c.db, RedriveConfig{
-		Name: c.cfg.Name, Scope: c.cfg.Scope, Strategy: c.cfg.Strategy,
-		Handler: c.cfg.Handler, BatchHandler: c.cfg.BatchHandler, KeyFunc: c.cfg.KeyFunc,
-		NoFingerprint: c.cfg.NoFingerprint, MaxKeyLen: c.cfg.MaxKeyLen,
-		Schema: c.cfg.Schema, ParkedTable: c.cfg.ParkedTable, Filter: f, Logger: c.log,
-	})
-}
-
 type redriver struct {
-	db        DB
-	cfg       RedriveConfig
-	table     string
-	committer dedupe.Committer
-	checker   dedupe.KeyChecker
+	db     DB
+	path   path
+	filter RedriveFilter
+	table  string
 }
 
 func (r *redriver) selectIDs(ctx context.Context) ([]int64, error) {
-	f := r.cfg.Filter
+	f := r.filter
 	var limit *int64
 	if f.Limit > 0 {
 		l := int64(f.Limit)
@@ -249,7 +178,7 @@ func (r *redriver) selectIDs(ctx context.Context) ([]int64, error) {
 	rows, err := tx.Query(ctx, `SELECT id FROM `+r.table+`
 WHERE scope = $1 AND ($2 = '' OR reason = $2) AND ($3::bigint[] IS NULL OR id = ANY($3))
     AND ($5::bytea[] IS NULL OR ref_bytes = ANY($5))
-ORDER BY id LIMIT $4`, r.cfg.Scope, f.Reason, ids, limit, refs)
+ORDER BY id LIMIT $4`, r.path.cfg.Scope, f.Reason, ids, limit, refs)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: redrive: selecting parked rows of %s: %w", r.table, err)
 	}
@@ -272,8 +201,11 @@ type parkedMsg struct {
 	m         *Message
 }
 
-// one redrives the row id in a transaction of its own.
+// one redrives the row id in a transaction of its own, on the consumer's
+// path: the key (derived again if it was parked without one), the claim
+// (if it was parked without a marker), the handler.
 func (r *redriver) one(ctx context.Context, id int64) (RedriveItem, error) {
+	p := &r.path
 	it := RedriveItem{ID: id}
 	tx, err := r.db.Begin(ctx)
 	if err != nil {
@@ -281,7 +213,7 @@ func (r *redriver) one(ctx context.Context, id int64) (RedriveItem, error) {
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
-	p, err := r.take(ctx, tx, id)
+	pm, err := r.take(ctx, tx, id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		it.Outcome = RedriveGone
 		return it, nil
@@ -289,52 +221,45 @@ func (r *redriver) one(ctx context.Context, id int64) (RedriveItem, error) {
 	if err != nil {
 		return it, err
 	}
-	it.Ref, it.Reason, it.ParkCount = p.m.Ref, p.reason, p.parkCount
+	it.Ref, it.Reason, it.ParkCount = pm.m.Ref, pm.reason, pm.parkCount
 
-	if !p.hasKey {
-		k, kerr := r.deriveKey(p.m)
+	if !pm.hasKey {
+		k, kerr := p.keys.key(pm.m)
 		if kerr != nil {
-			it.Outcome, it.Err = RedriveSkipped, kerr
+			it.Outcome, it.Err = RedriveSkipped, fmt.Errorf("the KeyFunc derives no usable key (redrive it with a KeyFunc that does): %w", kerr)
 			return it, nil
 		}
-		p.key, p.hasKey = k, true
-		p.m.DedupeKey = k
+		pm.key, pm.hasKey = k, true
+		pm.m.DedupeKey = k
 	}
 	var verdict dedupe.Verdict
-	if !p.hasMarker {
-		vs, cerr := r.cfg.Strategy.Claim(ctx, tx, []dedupe.Key{p.key})
-		if cerr == nil && len(vs) != 1 {
-			cerr = fmt.Errorf("claim (%s): %d verdicts for 1 key", r.cfg.Strategy.Name(), len(vs))
-		}
+	if !pm.hasMarker {
+		vs, cerr := p.claimKeys(ctx, tx, []dedupe.Key{pm.key})
 		var ke *dedupe.KeyError
 		switch {
 		case errors.As(cerr, &ke):
 			it.Outcome, it.Err = RedriveSkipped, ke
 			return it, nil
 		case cerr != nil:
-			return it, fmt.Errorf("consumer: redrive: claim (%s): %w", r.cfg.Strategy.Name(), cerr)
+			return it, fmt.Errorf("consumer: redrive: %w", cerr)
 		}
-		verdict = vs[0]
-		switch verdict {
+		switch verdict = vs[0]; verdict {
 		case dedupe.VerdictDuplicate:
 			if err := tx.Commit(ctx); err != nil {
 				return it, fmt.Errorf("consumer: redrive: commit: %w", err)
 			}
-			r.committed(p.key, verdict)
+			p.committed([]dedupe.Key{pm.key}, vs)
 			it.Outcome = RedriveDuplicate
 			return it, nil
 		case dedupe.VerdictMismatch:
-			it.Outcome, it.Err = RedriveSkipped, fmt.Errorf("key %s was applied before with another payload", p.key)
+			it.Outcome, it.Err = RedriveSkipped, fmt.Errorf("key %s was applied before with another payload", pm.key)
 			return it, nil
 		case dedupe.VerdictGap:
-			it.Outcome, it.Err = RedriveSkipped, fmt.Errorf("sequence gap: %s is still ahead of its sender's mark", p.key)
+			it.Outcome, it.Err = RedriveSkipped, fmt.Errorf("sequence gap: %s is still ahead of its sender's mark", pm.key)
 			return it, nil
-		case dedupe.VerdictNew:
-		default:
-			return it, fmt.Errorf("consumer: redrive: claim (%s): invalid verdict %d", r.cfg.Strategy.Name(), verdict)
 		}
 	}
-	if herr := r.call(ctx, tx, p.m); herr != nil {
+	if herr := p.handleOne(ctx, tx, pm.m); herr != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		it.Outcome, it.Err = RedriveFailed, herr
 		if err := r.recordFailure(ctx, id, herr); err != nil {
@@ -346,7 +271,7 @@ func (r *redriver) one(ctx context.Context, id int64) (RedriveItem, error) {
 		return it, fmt.Errorf("consumer: redrive: commit: %w", err)
 	}
 	if verdict != 0 {
-		r.committed(p.key, verdict)
+		p.committed([]dedupe.Key{pm.key}, []dedupe.Verdict{verdict})
 	}
 	it.Outcome = RedriveApplied
 	return it, nil
@@ -367,7 +292,7 @@ func (r *redriver) take(ctx context.Context, tx pgx.Tx, id int64) (*parkedMsg, e
 	)
 	err := tx.QueryRow(ctx, `DELETE FROM `+r.table+` WHERE id = $1 AND scope = $2
 RETURNING scope, dedupe_id, sender, seq, fingerprint, has_marker, source, source_bytes, lane, lane_bytes, ref_bytes,
-    msg_key, payload, headers, message_time, attempts, reason, park_count`, id, r.cfg.Scope).Scan(
+    msg_key, payload, headers, message_time, attempts, reason, park_count`, id, r.path.cfg.Scope).Scan(
 		&scope, &dedupeID, &sender, &seq, &fp, &p.hasMarker, &source, &sourceRaw, &lane, &laneRaw, &ref,
 		&key, &payload, &headers, &mt, &p.attempts, &p.reason, &p.parkCount)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -451,55 +376,6 @@ func decodeHeaders(raw []byte) ([]Header, error) {
 	return out, nil
 }
 
-// deriveKey gives a message parked without a key one, with the KeyFunc.
-func (r *redriver) deriveKey(m *Message) (k dedupe.Key, err error) {
-	if r.cfg.KeyFunc == nil {
-		return k, errors.New("parked without a dedupe key: redrive it with a KeyFunc that derives one")
-	}
-	func() {
-		defer func() {
-			if v := recover(); v != nil {
-				err = &PanicError{Value: v, Stack: debug.Stack()}
-			}
-		}()
-		k, err = r.cfg.KeyFunc(m)
-	}()
-	if err != nil {
-		return k, fmt.Errorf("key: %w", err)
-	}
-	if k.Scope == "" {
-		k.Scope = r.cfg.Scope
-	}
-	if k.Fingerprint == nil && !r.cfg.NoFingerprint {
-		k.Fingerprint = dedupe.Fingerprint(m.Value)
-	}
-	if err := dedupe.Validate(k, r.cfg.MaxKeyLen); err != nil {
-		return k, err
-	}
-	if k.ID == "" && k.Sender == "" {
-		return k, &dedupe.KeyError{Key: k, Reason: "no dedupe key: the message has no ID and no sender"}
-	}
-	if r.checker != nil {
-		if err := r.checker.CheckKey(k); err != nil {
-			return k, err
-		}
-	}
-	return k, nil
-}
-
-// call runs the handler, turning a panic into a *PanicError.
-func (r *redriver) call(ctx context.Context, tx pgx.Tx, m *Message) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = &PanicError{Value: v, Stack: debug.Stack()}
-		}
-	}()
-	if r.cfg.BatchHandler != nil {
-		return r.cfg.BatchHandler(ctx, tx, []*Message{m})
-	}
-	return r.cfg.Handler(ctx, tx, m)
-}
-
 // recordFailure notes a failed redrive on the row, which stayed parked.
 func (r *redriver) recordFailure(ctx context.Context, id int64, herr error) error {
 	tx, err := r.db.Begin(ctx)
@@ -512,10 +388,4 @@ func (r *redriver) recordFailure(ctx context.Context, id int64, herr error) erro
 		return fmt.Errorf("consumer: redrive: recording failure of parked row %d: %w", id, err)
 	}
 	return tx.Commit(ctx)
-}
-
-func (r *redriver) committed(k dedupe.Key, v dedupe.Verdict) {
-	if r.committer != nil {
-		r.committer.Committed([]dedupe.Key{k}, []dedupe.Verdict{v})
-	}
 }

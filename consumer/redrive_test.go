@@ -31,12 +31,22 @@ func (f *fixable) handle(ctx context.Context, tx pgx.Tx, m *consumer.Message) er
 	return insertEffect(ctx, tx, m)
 }
 
-func (e *env) redriveConfig(h consumer.Handler) consumer.RedriveConfig {
+// redriveArgs are Redrive's arguments.
+type redriveArgs struct {
+	consumer.Config
+	Filter consumer.RedriveFilter
+}
+
+func (e *env) redriveConfig(h consumer.Handler) redriveArgs {
 	s, err := idset.New(idset.Config{})
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	return consumer.RedriveConfig{Name: "test", Strategy: s, Handler: h}
+	return redriveArgs{Config: consumer.Config{Name: "test", Strategy: s, Handler: h}}
+}
+
+func (a redriveArgs) run(e *env) (consumer.RedriveResult, error) {
+	return consumer.Redrive(context.Background(), e.pool, a.Config, a.Filter)
 }
 
 func (e *env) parkedCount() int {
@@ -113,7 +123,7 @@ func TestRedriveTwiceAtOnceAppliesOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i], errs[i] = consumer.Redrive(context.Background(), e.pool, e.redriveConfig(h))
+			results[i], errs[i] = e.redriveConfig(h).run(e)
 		}()
 	}
 	wg.Wait()
@@ -205,7 +215,7 @@ func TestRedriveInvalidKey(t *testing.T) {
 	}
 	cfg := e.redriveConfig(insertEffect)
 	cfg.Filter.Reason = consumer.ReasonInvalidKey
-	res, err := consumer.Redrive(context.Background(), e.pool, cfg)
+	res, err := cfg.run(e)
 	if err != nil || res.Skipped != 2 || !strings.Contains(res.Items[0].Err.Error(), "KeyFunc") {
 		t.Fatalf("without KeyFunc: %+v, %v", res, err)
 	}
@@ -215,7 +225,7 @@ func TestRedriveInvalidKey(t *testing.T) {
 	cfg.KeyFunc = func(m *consumer.Message) (dedupe.Key, error) {
 		return dedupe.Key{ID: string(m.Value)}, nil
 	}
-	res, err = consumer.Redrive(context.Background(), e.pool, cfg)
+	res, err = cfg.run(e)
 	if err != nil || res.Applied != 1 || res.Duplicate != 1 {
 		t.Fatalf("with KeyFunc: %+v, %v", res, err)
 	}
@@ -255,12 +265,12 @@ func TestRedriveFiltersAndBatchHandler(t *testing.T) {
 		return f.handle(ctx, tx, msgs[0])
 	}
 	cfg.Filter = consumer.RedriveFilter{IDs: []int64{ids[1], 999999}, Reason: consumer.ReasonPermanent}
-	res, err := consumer.Redrive(context.Background(), e.pool, cfg)
+	res, err := cfg.run(e)
 	if err != nil || res.Applied != 1 || len(res.Items) != 1 || res.Items[0].ID != ids[1] {
 		t.Fatalf("by id: %+v, %v", res, err)
 	}
 	cfg.Filter = consumer.RedriveFilter{Reason: consumer.ReasonPermanent}
-	res, err = consumer.Redrive(context.Background(), e.pool, cfg)
+	res, err = cfg.run(e)
 	if err != nil || res.Applied != 2 {
 		t.Fatalf("by reason: %+v, %v", res, err)
 	}
@@ -269,7 +279,7 @@ func TestRedriveFiltersAndBatchHandler(t *testing.T) {
 	}
 	// Another scope sees none of these rows.
 	cfg.Scope, cfg.Filter = "other", consumer.RedriveFilter{}
-	if res, err := consumer.Redrive(context.Background(), e.pool, cfg); err != nil || len(res.Items) != 0 {
+	if res, err := cfg.run(e); err != nil || len(res.Items) != 0 {
 		t.Fatalf("other scope: %+v, %v", res, err)
 	}
 }
@@ -278,20 +288,20 @@ func TestRedriveConfigValidation(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, consumertest.Config{})
 	good := e.redriveConfig(insertEffect)
-	for name, mutate := range map[string]func(*consumer.RedriveConfig){
-		"no scope":     func(c *consumer.RedriveConfig) { c.Name = "" },
-		"no strategy":  func(c *consumer.RedriveConfig) { c.Strategy = nil },
-		"no handler":   func(c *consumer.RedriveConfig) { c.Handler = nil },
-		"two handlers": func(c *consumer.RedriveConfig) { c.BatchHandler = insertEffects },
-		"limit":        func(c *consumer.RedriveConfig) { c.Filter.Limit = -1 },
+	for name, mutate := range map[string]func(*redriveArgs){
+		"no scope":     func(c *redriveArgs) { c.Name = "" },
+		"no strategy":  func(c *redriveArgs) { c.Strategy = nil },
+		"no handler":   func(c *redriveArgs) { c.Handler = nil },
+		"two handlers": func(c *redriveArgs) { c.BatchHandler = insertEffects },
+		"limit":        func(c *redriveArgs) { c.Filter.Limit = -1 },
 	} {
 		cfg := good
 		mutate(&cfg)
-		if _, err := consumer.Redrive(context.Background(), e.pool, cfg); !errors.Is(err, consumer.ErrInvalidConfig) {
+		if _, err := cfg.run(e); !errors.Is(err, consumer.ErrInvalidConfig) {
 			t.Errorf("%s: err %v, want ErrInvalidConfig", name, err)
 		}
 	}
-	if _, err := consumer.Redrive(context.Background(), e.pool, good); err == nil || !strings.Contains(err.Error(), "parked") {
+	if _, err := good.run(e); err == nil || !strings.Contains(err.Error(), "parked") {
 		t.Errorf("missing table: err %v", err)
 	}
 }
