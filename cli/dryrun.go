@@ -2,10 +2,8 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"runtime/debug"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -86,7 +84,6 @@ func (a *app) dryRun(cmd *cobra.Command, pool *pgxpool.Pool, kc *kafkaClient, o 
 	if err := prepare(ctx, pool, s); err != nil {
 		return nil, err
 	}
-	checker, _ := s.(dedupe.KeyChecker)
 	rep := &DryRunReport{Group: o.group, Topic: o.topic, Scope: o.scope, Strategy: s.Name(), Plan: plan, Partitions: map[int]*DryRunCounts{}}
 
 	var total int64
@@ -107,7 +104,7 @@ func (a *app) dryRun(cmd *cobra.Command, pool *pgxpool.Pool, kc *kafkaClient, o 
 	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+a.parkedIdent()+` LIMIT 0`); err != nil {
 		return nil, fmt.Errorf("parked table: %w", err)
 	}
-	cl := &classifier{app: a, o: o, tx: tx, s: s, kf: kf, checker: checker}
+	cl := &classifier{app: a, o: o, tx: tx, s: s, kf: kf}
 	start := time.Now()
 	for _, p := range plan {
 		counts := &DryRunCounts{}
@@ -126,12 +123,11 @@ func (a *app) dryRun(cmd *cobra.Command, pool *pgxpool.Pool, kc *kafkaClient, o 
 }
 
 type classifier struct {
-	app     *app
-	o       *replayOpts
-	tx      pgx.Tx
-	s       dedupe.Strategy
-	kf      consumer.KeyFunc
-	checker dedupe.KeyChecker
+	app *app
+	o   *replayOpts
+	tx  pgx.Tx
+	s   dedupe.Strategy
+	kf  consumer.KeyFunc
 }
 
 // readPartition reads [Target, End) of one partition in batches, as the
@@ -149,8 +145,9 @@ func (c *classifier) readPartition(ctx context.Context, kc *kafkaClient, p Parti
 	})
 }
 
-// classify derives the batch's keys, looks its messages up in the parked
-// table, and claims the valid keys in the dry run's transaction.
+// classify looks the batch's messages up in the parked table and runs them
+// through the consumer's own path up to the handler (consumer.Classify) in
+// the dry run's transaction.
 func (c *classifier) classify(ctx context.Context, batch []*consumer.Message, counts *DryRunCounts) error {
 	refs := make([][]byte, len(batch))
 	for i, m := range batch {
@@ -171,40 +168,26 @@ WHERE scope = $1 AND source = $2 AND ref_bytes = ANY($3::bytea[])`,
 		parked[string(r)] = true
 	}
 
-	var keys []dedupe.Key
-	var claimed []*consumer.Message
-	for _, m := range batch {
+	cls, err := consumer.Classify(ctx, c.tx, consumer.Config{
+		Name: c.o.scope, Scope: c.o.scope, Strategy: c.s, KeyFunc: c.kf,
+		NoFingerprint: c.o.noFP, MaxKeyLen: c.o.maxKeyLen,
+	}, batch)
+	if err != nil {
+		return fmt.Errorf("claim (%s): %w", c.s.Name(), err)
+	}
+	for i, cl := range cls {
 		counts.Messages++
-		k, err := c.key(m)
-		if err != nil {
+		isParked := parked[batch[i].Ref]
+		if cl.Err != nil {
 			counts.ReplayParked++
-			if parked[m.Ref] {
+			if isParked {
 				counts.Parked++
 			} else {
 				counts.InvalidKey++
 			}
 			continue
 		}
-		keys = append(keys, k)
-		claimed = append(claimed, m)
-	}
-	if len(keys) == 0 {
-		return nil
-	}
-	verdicts, err := c.s.Claim(ctx, c.tx, keys)
-	if err != nil {
-		var ke *dedupe.KeyError
-		if errors.As(err, &ke) {
-			return fmt.Errorf("the strategy refused key %s (%s): use the --key the consumers use", ke.Key, ke.Reason)
-		}
-		return fmt.Errorf("claim (%s): %w", c.s.Name(), err)
-	}
-	if len(verdicts) != len(keys) {
-		return fmt.Errorf("claim (%s): %d verdicts for %d keys", c.s.Name(), len(verdicts), len(keys))
-	}
-	for i, v := range verdicts {
-		isParked := parked[claimed[i].Ref]
-		switch v {
+		switch cl.Verdict {
 		case dedupe.VerdictNew:
 			counts.ReplayApplied++
 		case dedupe.VerdictDuplicate:
@@ -217,50 +200,17 @@ WHERE scope = $1 AND source = $2 AND ref_bytes = ANY($3::bytea[])`,
 		switch {
 		case isParked:
 			counts.Parked++
-		case v == dedupe.VerdictNew:
+		case cl.Verdict == dedupe.VerdictNew:
 			counts.New++
-		case v == dedupe.VerdictDuplicate:
+		case cl.Verdict == dedupe.VerdictDuplicate:
 			counts.Applied++
-		case v == dedupe.VerdictMismatch:
+		case cl.Verdict == dedupe.VerdictMismatch:
 			counts.Mismatch++
-		case v == dedupe.VerdictGap:
+		case cl.Verdict == dedupe.VerdictGap:
 			counts.Gap++
-		default:
-			return fmt.Errorf("claim (%s): invalid verdict %d", c.s.Name(), v)
 		}
 	}
 	return nil
-}
-
-// key derives a message's key as the consumer does.
-func (c *classifier) key(m *consumer.Message) (k dedupe.Key, err error) {
-	func() {
-		defer func() {
-			if r := recover(); r != nil {
-				err = &consumer.PanicError{Value: r, Stack: debug.Stack()}
-			}
-		}()
-		k, err = c.kf(m)
-	}()
-	if err != nil {
-		return k, err
-	}
-	if k.Scope == "" {
-		k.Scope = c.o.scope
-	}
-	if k.Fingerprint == nil && !c.o.noFP {
-		k.Fingerprint = dedupe.Fingerprint(m.Value)
-	}
-	if err := dedupe.Validate(k, c.o.maxKeyLen); err != nil {
-		return k, err
-	}
-	if k.ID == "" && k.Sender == "" {
-		return k, errors.New("no dedupe key")
-	}
-	if c.checker != nil {
-		return k, c.checker.CheckKey(k)
-	}
-	return k, nil
 }
 
 func printDryRun(w io.Writer, rep *DryRunReport) {

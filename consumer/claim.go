@@ -14,7 +14,7 @@ import (
 // tx, in one call, and every item that is not new is settled by its
 // verdict. It returns the new ones, in order, for the handler. A key the
 // strategy refuses comes back as a *dedupe.KeyError.
-func (c *Consumer) claim(ctx context.Context, tx pgx.Tx, items []*item, st *BatchStats) ([]*item, error) {
+func (p *path) claim(ctx context.Context, tx pgx.Tx, items []*item, st *BatchStats) ([]*item, error) {
 	if len(items) == 0 {
 		return nil, nil
 	}
@@ -23,7 +23,7 @@ func (c *Consumer) claim(ctx context.Context, tx pgx.Tx, items []*item, st *Batc
 		keys[i] = it.key
 	}
 	t := time.Now()
-	verdicts, err := c.claimKeys(ctx, tx, keys)
+	verdicts, err := p.claimKeys(ctx, tx, keys)
 	st.Claim += time.Since(t)
 	if err != nil {
 		return nil, err
@@ -31,7 +31,7 @@ func (c *Consumer) claim(ctx context.Context, tx pgx.Tx, items []*item, st *Batc
 	news := items[:0:0]
 	for i, it := range items {
 		it.verdict = verdicts[i]
-		if c.settleVerdict(it) {
+		if p.settleVerdict(it) {
 			news = append(news, it)
 		}
 	}
