@@ -27,6 +27,7 @@ import (
 // above the line are decided once per delivery; those below, by each pass.
 type item struct {
 	m      *Message
+	idx    int // its place in the batch
 	key    dedupe.Key
 	keyErr error // the key is unusable: the message is parked with this error
 	// tries counts the deliveries that were real attempts, not waits.
@@ -72,10 +73,6 @@ func (it *item) retry(err error, delay time.Duration) {
 
 var errHandlerFailed = errors.New("handler failed")
 
-// maxFastAttempts is how many passes run without savepoints before
-// failures are isolated message by message.
-const maxFastAttempts = 2
-
 // process runs one batch through the protocol and settles it with the source.
 func (c *Consumer) process(ctx context.Context, b *Batch) error {
 	start := time.Now()
@@ -87,14 +84,22 @@ func (c *Consumer) process(ctx context.Context, b *Batch) error {
 
 // passMode is how a pass runs its handlers.
 type passMode struct {
-	isolated bool // under savepoints, to find failing messages
+	// isolated runs the handlers under savepoints, to find failing
+	// messages: those from the batch's place from on; the ones before it
+	// ran without failing in the pass before and run fast again.
+	isolated bool
+	from     int
 	check    bool // and the deferred constraints after each
 }
 
 // decide runs passes over the batch until one commits. The first runs the
-// whole batch in one transaction without savepoints; when a handler fails
-// the next runs without the failed message, and when failures keep coming
-// a pass isolates them under savepoints.
+// whole batch in one transaction without savepoints. When a Handler fails,
+// the second runs the messages before it fast again and isolates the rest
+// under savepoints, so that a deterministic handler runs at most twice for
+// a healthy message however many of its batch-mates fail; a BatchHandler's
+// batch is bisected under savepoints. Should the second pass fail anyway
+// (a handler that failed before did not fail the first time), the next
+// isolates the whole batch.
 //
 // When the COMMIT itself is refused because of what the batch wrote (a
 // deferred constraint or constraint trigger), the batch is isolated with
@@ -107,9 +112,6 @@ type passMode struct {
 func (c *Consumer) decide(ctx context.Context, b *Batch, items []*item, st *BatchStats) error {
 	var mode passMode
 	for attempt := 1; ; attempt++ {
-		if !mode.check && (attempt > maxFastAttempts || (c.cfg.BatchHandler != nil && attempt > 1)) {
-			mode.isolated = true
-		}
 		st.Isolated = st.Isolated || mode.isolated
 		err := c.pass(ctx, b, items, st, mode)
 		var ke *dedupe.KeyError
@@ -118,6 +120,11 @@ func (c *Consumer) decide(ctx context.Context, b *Batch, items []*item, st *Batc
 		case err == nil:
 			return nil
 		case errors.Is(err, errHandlerFailed):
+			if mode.isolated {
+				mode.from = 0
+			} else {
+				mode = passMode{isolated: true, from: failedFrom(items, c.cfg.Handler != nil)}
+			}
 			continue
 		case errors.As(err, &ke) && markInvalid(items, ke):
 			// The strategy refused a key the consumer could not know it
@@ -141,7 +148,7 @@ func (c *Consumer) decide(ctx context.Context, b *Batch, items []*item, st *Batc
 }
 
 // pass is one attempt at the batch in one transaction: admit, claim,
-// handle, commit. A handler failure rolls everything back and returns
+// handle (fast, then isolated from mode.from on), commit. A handler failure rolls everything back and returns
 // errHandlerFailed, with the failure recorded on its item for the next
 // pass.
 func (c *Consumer) pass(ctx context.Context, b *Batch, items []*item, st *BatchStats, mode passMode) error {
@@ -155,34 +162,60 @@ func (c *Consumer) pass(ctx context.Context, b *Batch, items []*item, st *BatchS
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
 	run, g := c.admit(items)
+	fast, slow := run, []*item(nil)
 	if mode.isolated {
-		if err := c.isolate(ctx, &isolation{tx: tx, st: st, gate: g, check: mode.check}, run); err != nil {
+		i := 0
+		for i < len(run) && run[i].idx < mode.from {
+			i++
+		}
+		fast, slow = run[:i], run[i:]
+	}
+	news, err := c.claim(ctx, tx, fast, st)
+	if err != nil {
+		return err
+	}
+	idle, err := c.handleAll(ctx, tx, c.parkDecided(news), st)
+	if err != nil {
+		return err
+	}
+	if len(slow) > 0 {
+		if err := c.isolate(ctx, &isolation{tx: tx, st: st, gate: g, check: mode.check}, slow); err != nil {
 			return err
 		}
-		return c.commit(ctx, tx, b, items, st)
-	}
-	news, err := c.claim(ctx, tx, run, st)
-	if err != nil {
-		return err
-	}
-	slow, err := c.handleAll(ctx, tx, c.parkDecided(news), st)
-	if err != nil {
-		return err
 	}
 	err = c.commit(ctx, tx, b, items, st)
-	if err != nil && len(slow) > 0 {
+	if err != nil && len(idle) > 0 {
 		if conn := tx.Conn(); conn != nil && conn.IsClosed() {
 			// The server most likely ended the session while a handler
 			// kept the transaction idle: the handler's failure, which
 			// counts as an attempt (a redelivery as an unknown outcome
 			// would meet the same end for ever).
-			for _, it := range slow {
+			for _, it := range idle {
 				c.recordFailure(it, &IdleTxError{Timeout: c.cfg.IdleTxTimeout, Err: err})
 			}
 			return errHandlerFailed
 		}
 	}
 	return err
+}
+
+// failedFrom is where the second pass starts isolating: after the one
+// message that failed a Handler's fast pass, whose batch-mates before it
+// ran without failing; the whole batch otherwise.
+func failedFrom(items []*item, perMessage bool) int {
+	if !perMessage {
+		return 0
+	}
+	from := -1
+	for _, it := range items {
+		if it.failed != nil {
+			if from >= 0 {
+				return 0
+			}
+			from = it.idx + 1
+		}
+	}
+	return max(from, 0)
 }
 
 // blameApplied records a refused commit as a failure of every message that

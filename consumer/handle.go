@@ -16,13 +16,13 @@ import (
 // (when it can tell which one failed), or the loss of the connection.
 // It returns the items whose handler call outlasted IdleTxTimeout.
 func (c *Consumer) handleAll(ctx context.Context, tx pgx.Tx, news []*item, st *BatchStats) (slow []*item, err error) {
+	if len(news) == 0 {
+		return nil, nil
+	}
 	t := time.Now()
 	defer func() { st.Handle += time.Since(t) }()
 	idle := c.cfg.IdleTxTimeout
 	if c.cfg.BatchHandler != nil {
-		if len(news) == 0 {
-			return nil, nil
-		}
 		if err := c.callBatch(ctx, tx, news); err != nil {
 			if lost := connLost(tx, err, time.Since(t), idle); lost != nil {
 				return nil, lost

@@ -18,6 +18,15 @@ import (
 // back. It must return soon after ctx is done (pass ctx to every call that
 // blocks): at shutdown, Run waits Config.ShutdownTimeout for it, then
 // abandons its batch, which can no longer commit and is delivered again.
+//
+// A handler can run more than once for one delivery of a message: when a
+// batch-mate fails, the batch's transaction rolls back and runs again
+// without it (a healthy message runs at most twice this way, however many
+// batch-mates fail, unless a handler fails only some of the time), and a
+// batch whose transaction fails as a whole (a lost connection, a refused
+// commit) runs again too. Only what the handler does through tx is rolled
+// back each time: anything else it does (an HTTP call, a message sent, a
+// counter in memory) happens again. BatchStats.Reruns counts these runs.
 type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
 
 // BatchHandler applies the effects of all new messages of a batch at once, so
@@ -26,6 +35,12 @@ type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
 // under savepoints and commits the rest; only the failing ones are retried
 // or parked. A BatchHandler must therefore give the same result for any
 // subset of msgs.
+//
+// While failing messages are isolated, a healthy message is handed to the
+// BatchHandler again in each smaller group that is tried: about
+// 1 + log2(batch size) times in the worst case, its effects rolled back
+// each time but the last. As for Handler, anything done outside tx
+// happens again each time; BatchStats.Reruns counts these runs.
 type BatchHandler func(ctx context.Context, tx pgx.Tx, msgs []*Message) error
 
 // JSON adapts a handler of decoded payloads. A payload that does not decode

@@ -66,7 +66,7 @@ func (kr keyer) call(m *Message) (k dedupe.Key, err error) {
 func (c *Consumer) deriveKeys(msgs []*Message) []*item {
 	items := make([]*item, len(msgs))
 	for i, m := range msgs {
-		it := &item{m: m}
+		it := &item{m: m, idx: i}
 		it.key, it.keyErr = c.keys.key(m)
 		m.DedupeKey = it.key
 		it.tries = c.waits.failures(m)
