@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,9 +29,11 @@ func TestEachTransferIsBookedOnce(t *testing.T) {
 	// commit and its ack, so their lane delivers them all again.
 	broker := consumertest.New(consumertest.Config{DuplicateRate: 0.3, LostAckRate: 0.2})
 	for i := range 100 {
-		broker.Publish(i, consumer.Message{Value: fmt.Appendf(nil, `{"transfer_id": "t-%d", "account": "a-%d", "amount": 10}`, i, i%7)})
+		body := fmt.Sprintf(`{"transfer_id": "t-%d", "account": "a-%d", "amount": 10}`, i, i%7)
+		broker.Publish(i, consumer.Message{Value: []byte(body)}) // to lane i mod 4
 	}
-	broker.Publish(0, consumer.Message{Value: []byte(`{"transfer_id": "t-5", "account": "a-5", "amount": 10}`)}) // the producer sent t-5 twice
+	// The producer sent t-5 twice, and a message that does not decode.
+	broker.Publish(0, consumer.Message{Value: []byte(`{"transfer_id": "t-5", "account": "a-5", "amount": 10}`)})
 	broker.Publish(1, consumer.Message{Value: []byte(`{"transfer_id": "t-x", "account": "a-1", "amount": "ten"}`)})
 
 	c, err := ledger.NewConsumer(pool, broker)
@@ -54,9 +57,9 @@ func TestEachTransferIsBookedOnce(t *testing.T) {
 			t.Errorf("transfer %s booked %d times", id, n)
 		}
 	}
-	// The payload that does not decode is parked whole, with the reason, not retried.
-	parked := consumertest.Parked(t, pool, "", "")
-	if len(parked) != 1 || *parked[0].DedupeID != "t-x" || parked[0].Reason != "permanent" {
+	// The message that does not decode is parked whole, with the reason, not retried.
+	parked := consumertest.Parked(t, pool, "", "") // the default schema and table
+	if len(parked) != 1 || parked[0].Reason != "permanent" || !strings.Contains(string(parked[0].Payload), `"t-x"`) {
 		t.Errorf("parked: %v, want t-x, permanent", parked)
 	}
 }
