@@ -104,7 +104,7 @@ func TestRunSQS(t *testing.T) {
 		inFlight, _ := strconv.Atoi(out.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessagesNotVisible)])
 		return visible+inFlight == 0, nil
 	})
-	r.stop(t)
+	r.stop(t) // takes up to 20s: Close lets the long polls in progress end (sqs.Config.WaitTime)
 	checkLedger(t, pool)
 }
 
