@@ -1,4 +1,4 @@
-package oteltrace_test
+package effotel_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/pgtest"
-	oteltrace "github.com/effectively-once/effectively/tracing/otel"
+	"github.com/effectively-once/effectively/tracing/effotel"
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -44,24 +44,24 @@ func fromSpan(t *testing.T, s sdktrace.ReadOnlySpan) summary {
 	for _, kv := range s.Attributes() {
 		attrs[kv.Key] = kv.Value
 	}
-	for _, k := range []attribute.Key{oteltrace.AttrConsumer, oteltrace.AttrLane, oteltrace.AttrStrategy, oteltrace.AttrMessages,
-		oteltrace.AttrApplied, oteltrace.AttrDuplicate, oteltrace.AttrMismatch, oteltrace.AttrParked, oteltrace.AttrRetried,
-		oteltrace.AttrGap, oteltrace.AttrFenced, oteltrace.AttrIsolated, oteltrace.AttrBatchMessageCount, oteltrace.AttrClaimSeconds} {
+	for _, k := range []attribute.Key{effotel.AttrConsumer, effotel.AttrLane, effotel.AttrStrategy, effotel.AttrMessages,
+		effotel.AttrApplied, effotel.AttrDuplicate, effotel.AttrMismatch, effotel.AttrParked, effotel.AttrRetried,
+		effotel.AttrGap, effotel.AttrFenced, effotel.AttrIsolated, effotel.AttrBatchMessageCount, effotel.AttrClaimSeconds} {
 		if _, ok := attrs[k]; !ok {
 			t.Errorf("span %s lacks attribute %s", s.SpanContext().SpanID(), k)
 		}
 	}
-	if attrs[oteltrace.AttrBatchMessageCount].AsInt64() != attrs[oteltrace.AttrMessages].AsInt64() {
-		t.Errorf("messaging.batch.message_count %v != effectively.messages %v", attrs[oteltrace.AttrBatchMessageCount], attrs[oteltrace.AttrMessages])
+	if attrs[effotel.AttrBatchMessageCount].AsInt64() != attrs[effotel.AttrMessages].AsInt64() {
+		t.Errorf("messaging.batch.message_count %v != effectively.messages %v", attrs[effotel.AttrBatchMessageCount], attrs[effotel.AttrMessages])
 	}
 	if attrs["deployment"].AsString() != "test" {
 		t.Errorf("span lacks the configured attribute deployment=test")
 	}
 	return summary{
-		attrs[oteltrace.AttrConsumer].AsString(), attrs[oteltrace.AttrLane].AsString(), attrs[oteltrace.AttrStrategy].AsString(),
-		attrs[oteltrace.AttrMessages].AsInt64(), attrs[oteltrace.AttrApplied].AsInt64(), attrs[oteltrace.AttrDuplicate].AsInt64(),
-		attrs[oteltrace.AttrMismatch].AsInt64(), attrs[oteltrace.AttrParked].AsInt64(), attrs[oteltrace.AttrRetried].AsInt64(),
-		attrs[oteltrace.AttrGap].AsInt64(), attrs[oteltrace.AttrFenced].AsBool(), attrs[oteltrace.AttrIsolated].AsBool(),
+		attrs[effotel.AttrConsumer].AsString(), attrs[effotel.AttrLane].AsString(), attrs[effotel.AttrStrategy].AsString(),
+		attrs[effotel.AttrMessages].AsInt64(), attrs[effotel.AttrApplied].AsInt64(), attrs[effotel.AttrDuplicate].AsInt64(),
+		attrs[effotel.AttrMismatch].AsInt64(), attrs[effotel.AttrParked].AsInt64(), attrs[effotel.AttrRetried].AsInt64(),
+		attrs[effotel.AttrGap].AsInt64(), attrs[effotel.AttrFenced].AsBool(), attrs[effotel.AttrIsolated].AsBool(),
 		s.Status().Code == codes.Error,
 	}
 }
@@ -122,7 +122,7 @@ func TestSpanPerBatchMatchesStats(t *testing.T) {
 	recorder := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recorder))
 	defer func() { _ = tp.Shutdown(ctx) }()
-	hook := oteltrace.New(oteltrace.Options{TracerProvider: tp, Attributes: []attribute.KeyValue{attribute.String("deployment", "test")}})
+	hook := effotel.New(effotel.Options{TracerProvider: tp, Attributes: []attribute.KeyValue{attribute.String("deployment", "test")}})
 	stats := &consumertest.Counter{}
 	strategy, err := idset.New(idset.Config{})
 	if err != nil {
@@ -148,10 +148,10 @@ func TestSpanPerBatchMatchesStats(t *testing.T) {
 	errorSpans := 0
 	ids := map[trace.SpanID]bool{}
 	for _, s := range spans {
-		if s.Name() != oteltrace.SpanName || s.SpanKind() != trace.SpanKindConsumer {
-			t.Errorf("span %q of kind %v, want %q of kind consumer", s.Name(), s.SpanKind(), oteltrace.SpanName)
+		if s.Name() != effotel.SpanName || s.SpanKind() != trace.SpanKindConsumer {
+			t.Errorf("span %q of kind %v, want %q of kind consumer", s.Name(), s.SpanKind(), effotel.SpanName)
 		}
-		if s.InstrumentationScope().Name != oteltrace.ScopeName {
+		if s.InstrumentationScope().Name != effotel.ScopeName {
 			t.Errorf("instrumentation scope %q", s.InstrumentationScope().Name)
 		}
 		ids[s.SpanContext().SpanID()] = true
@@ -207,7 +207,7 @@ func TestDefaultsToGlobalProvider(t *testing.T) {
 	otel.SetTracerProvider(tp)
 	defer otel.SetTracerProvider(prev)
 
-	h := oteltrace.New(oteltrace.Options{})
+	h := effotel.New(effotel.Options{})
 	ctx := h.BatchStart(context.Background(), "c", "lane-0", 3)
 	h.BatchDone(ctx, &consumer.BatchStats{Consumer: "c", Lane: "lane-0", Size: 3, Parked: 1, Err: errors.New("commit: boom")})
 	h.BatchDone(context.Background(), &consumer.BatchStats{Consumer: "c"}) // not started here: ignored
@@ -222,7 +222,7 @@ func TestDefaultsToGlobalProvider(t *testing.T) {
 	}
 	var parked int64 = -1
 	for _, kv := range s.Attributes() {
-		if kv.Key == oteltrace.AttrParked {
+		if kv.Key == effotel.AttrParked {
 			parked = kv.Value.AsInt64()
 		}
 	}

@@ -1,8 +1,8 @@
-// Package oteltrace traces a consumer's batches with OpenTelemetry: one
+// Package effotel traces a consumer's batches with OpenTelemetry: one
 // span per batch, named "effectively.batch", of kind consumer. It lives in
 // its own package so that the core carries no dependency on OpenTelemetry.
 //
-//	tracer := oteltrace.New(oteltrace.Options{TracerProvider: tp})
+//	tracer := effotel.New(effotel.Options{TracerProvider: tp})
 //	c, err := consumer.New(db, src, consumer.Config{..., Hooks: []consumer.Hook{tracer}})
 //
 // The span starts when the batch starts and ends once the batch is settled
@@ -20,4 +20,4 @@
 // effectively.commit_seconds, effectively.ack_seconds). A batch that rolled
 // back (BatchStats.Err, which includes a fenced batch) records the error and
 // sets the span's status to Error.
-package oteltrace
+package effotel

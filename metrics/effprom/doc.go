@@ -1,10 +1,10 @@
-// Package prometheus exports a consumer's batches, messages and dedupe
+// Package effprom exports a consumer's batches, messages and dedupe
 // strategies as Prometheus metrics. It lives in its own package so that the
 // core carries no dependency on the Prometheus client.
 //
 // Create a Metrics, register it, and pass it to the consumer as a hook:
 //
-//	m, err := prometheus.New(prometheus.Options{})
+//	m, err := effprom.New(effprom.Options{})
 //	if err != nil { ... }
 //	registry.MustRegister(m)
 //	c, err := consumer.New(db, src, consumer.Config{..., Hooks: []consumer.Hook{m}})
@@ -47,4 +47,4 @@
 // wherever it is known, for example a goroutine that compares a Kafka
 // partition's end offset with the committed offset every few seconds, and
 // remove a lane that moved to another process with DeleteLag.
-package prometheus
+package effprom

@@ -1,4 +1,4 @@
-package prometheus_test
+package effprom_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/dedupe/idset"
-	"github.com/effectively-once/effectively/metrics/prometheus"
+	"github.com/effectively-once/effectively/metrics/effprom"
 	"github.com/jackc/pgx/v5"
 	prom "github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -102,7 +102,7 @@ func TestCountersMatchKnownTraffic(t *testing.T) {
 		return insertEffect(ctx, tx, m)
 	}
 
-	metrics, err := prometheus.New(prometheus.Options{})
+	metrics, err := effprom.New(effprom.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +218,7 @@ func TestCountersUnderRedelivery(t *testing.T) {
 		}
 		return insertEffect(ctx, tx, m)
 	}
-	metrics, err := prometheus.New(prometheus.Options{Namespace: "acme", ConstLabels: map[string]string{"service": "billing"}})
+	metrics, err := effprom.New(effprom.Options{Namespace: "acme", ConstLabels: map[string]string{"service": "billing"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +254,7 @@ func TestCountersUnderRedelivery(t *testing.T) {
 
 func TestLag(t *testing.T) {
 	t.Parallel()
-	m, err := prometheus.New(prometheus.Options{})
+	m, err := effprom.New(effprom.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +279,7 @@ func TestLag(t *testing.T) {
 // a lane the function stops reporting (a partition read elsewhere) goes away.
 func TestReportLag(t *testing.T) {
 	t.Parallel()
-	m, err := prometheus.New(prometheus.Options{})
+	m, err := effprom.New(effprom.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,7 +331,7 @@ func TestReportLag(t *testing.T) {
 
 func TestOptionsValidation(t *testing.T) {
 	t.Parallel()
-	for name, o := range map[string]prometheus.Options{
+	for name, o := range map[string]effprom.Options{
 		"namespace":          {Namespace: "9lives"},
 		"namespace dash":     {Namespace: "my-app"},
 		"label name":         {ConstLabels: map[string]string{"bad-name": "x"}},
@@ -341,16 +341,16 @@ func TestOptionsValidation(t *testing.T) {
 		"decreasing buckets": {BatchSizeBuckets: []float64{1, 10, 5}},
 		"equal buckets":      {MessageAgeBuckets: []float64{1, 1}},
 	} {
-		_, err := prometheus.New(o)
-		if !errors.Is(err, prometheus.ErrInvalidOptions) {
+		_, err := effprom.New(o)
+		if !errors.Is(err, effprom.ErrInvalidOptions) {
 			t.Errorf("%s: New returned %v, want ErrInvalidOptions", name, err)
 		}
-		var oe *prometheus.OptionsError
+		var oe *effprom.OptionsError
 		if !errors.As(err, &oe) || oe.Field == "" {
 			t.Errorf("%s: %v is not an *OptionsError naming the field", name, err)
 		}
 	}
-	if _, err := prometheus.New(prometheus.Options{Namespace: "ok_1", ConstLabels: map[string]string{"service": "x"}, BatchSizeBuckets: []float64{1, 10}}); err != nil {
+	if _, err := effprom.New(effprom.Options{Namespace: "ok_1", ConstLabels: map[string]string{"service": "x"}, BatchSizeBuckets: []float64{1, 10}}); err != nil {
 		t.Errorf("valid options refused: %v", err)
 	}
 }
@@ -359,7 +359,7 @@ func TestOptionsValidation(t *testing.T) {
 // exist, at zero, from its first batch, so that rates are 0 and not absent.
 func TestSeriesStartAtZero(t *testing.T) {
 	t.Parallel()
-	m, err := prometheus.New(prometheus.Options{})
+	m, err := effprom.New(effprom.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -382,7 +382,7 @@ func TestSeriesStartAtZero(t *testing.T) {
 // as unknown, not as applied or failed.
 func TestUnknownCommitCounted(t *testing.T) {
 	t.Parallel()
-	m, err := prometheus.New(prometheus.Options{})
+	m, err := effprom.New(effprom.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package prometheus_test
+package effprom_test
 
 import (
 	"context"
@@ -6,13 +6,13 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
-	"github.com/effectively-once/effectively/metrics/prometheus"
+	"github.com/effectively-once/effectively/metrics/effprom"
 )
 
 // BenchmarkBatchDone measures the hook's cost per batch: what it adds to
 // the consumer's loop besides the database round trips.
 func BenchmarkBatchDone(b *testing.B) {
-	m, err := prometheus.New(prometheus.Options{})
+	m, err := effprom.New(effprom.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func BenchmarkBatchDone(b *testing.B) {
 
 // BenchmarkMessageDone measures the cost per applied message.
 func BenchmarkMessageDone(b *testing.B) {
-	m, err := prometheus.New(prometheus.Options{})
+	m, err := effprom.New(effprom.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

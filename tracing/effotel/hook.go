@@ -1,4 +1,4 @@
-package oteltrace
+package effotel
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 const SpanName = "effectively.batch"
 
 // ScopeName is the instrumentation scope of the tracer the hook uses.
-const ScopeName = "github.com/effectively-once/effectively/tracing/otel"
+const ScopeName = "github.com/effectively-once/effectively/tracing/effotel"
 
 // Attribute keys of the batch span.
 const (
