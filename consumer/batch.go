@@ -57,10 +57,7 @@ const maxFastAttempts = 2
 // process runs one batch through the protocol and settles it with the source.
 func (c *Consumer) process(ctx context.Context, b *Batch) error {
 	start := time.Now()
-	for _, h := range c.startHooks {
-		ctx = h.BatchStart(ctx, c.cfg.Name, b.Lane, len(b.Messages))
-	}
-	st := &BatchStats{Consumer: c.cfg.Name, Strategy: c.cfg.Strategy.Name(), Lane: b.Lane, Size: len(b.Messages)}
+	ctx, st := c.beginBatch(ctx, b)
 	items := c.deriveKeys(b.Messages)
 
 	err := c.settleInTx(ctx, b, items, st)

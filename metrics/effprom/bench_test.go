@@ -17,13 +17,12 @@ func BenchmarkBatchDone(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	st := &consumer.BatchStats{Consumer: "c", Strategy: "idset", Lane: "l", Size: 100, Applied: 90, Duplicate: 8, Parked: 1, Retried: 1,
+	st := &consumer.BatchStats{BatchInfo: consumer.BatchInfo{Consumer: "c", Strategy: "idset", Lane: "l", Batch: 1, Size: 100}, Applied: 90, Duplicate: 8, Parked: 1, Retried: 1,
 		Claim: time.Millisecond, Handle: 3 * time.Millisecond, Commit: time.Millisecond, Ack: 100 * time.Microsecond, Total: 6 * time.Millisecond}
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			bctx := m.BatchStart(ctx, "c", "l", 100)
-			m.BatchDone(bctx, st)
+			m.BatchDone(ctx, st)
 		}
 	})
 }
@@ -34,10 +33,14 @@ func BenchmarkMessageDone(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx := m.BatchStart(context.Background(), "c", "l", 100)
-	msg := &consumer.Message{Time: time.Now()}
+	ctx := context.Background()
+	e := consumer.MessageEvent{
+		BatchInfo: consumer.BatchInfo{Consumer: "c", Strategy: "idset", Lane: "l", Batch: 1, Size: 100},
+		Message:   &consumer.Message{Time: time.Now()},
+		Outcome:   consumer.OutcomeApplied,
+	}
 	b.ReportAllocs()
 	for b.Loop() {
-		m.MessageDone(ctx, msg, consumer.OutcomeApplied, nil)
+		m.MessageDone(ctx, e)
 	}
 }

@@ -24,6 +24,10 @@
 //	effectively_batches_total{consumer,result}          counter; result is ok, isolated (committed
 //	                                                    after a handler failure was isolated),
 //	                                                    fenced or error (rolled back)
+//	effectively_handler_reruns_total{consumer}          counter of handler calls beyond the first for
+//	                                                    a message within one batch (healthy messages
+//	                                                    re-run while a failing one was isolated; see
+//	                                                    consumer.BatchStats.Reruns)
 //	effectively_batch_size{consumer}                    histogram of messages fetched per batch
 //	effectively_batch_duration_seconds{consumer}        histogram, start of processing to settled
 //	effectively_claim_duration_seconds{consumer,strategy}

@@ -28,14 +28,15 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // summary is what a span says about its batch, or what BatchStats say.
 type summary struct {
-	consumer, lane, strategy                                     string
-	messages, applied, duplicate, mismatch, parked, retried, gap int64
-	fenced, isolated, failed                                     bool
+	consumer, lane, strategy                                            string
+	batch, messages, applied, duplicate, mismatch, parked, retried, gap int64
+	reruns                                                              int64
+	fenced, isolated, failed                                            bool
 }
 
 func fromStats(s consumer.BatchStats) summary {
-	return summary{s.Consumer, s.Lane, s.Strategy, int64(s.Size), int64(s.Applied), int64(s.Duplicate),
-		int64(s.Mismatch), int64(s.Parked), int64(s.Retried), int64(s.Gap), s.Fenced, s.Isolated, s.Err != nil}
+	return summary{s.Consumer, s.Lane, s.Strategy, int64(s.Batch), int64(s.Size), int64(s.Applied), int64(s.Duplicate),
+		int64(s.Mismatch), int64(s.Parked), int64(s.Retried), int64(s.Gap), int64(s.Reruns), s.Fenced, s.Isolated, s.Err != nil}
 }
 
 func fromSpan(t *testing.T, s sdktrace.ReadOnlySpan) summary {
@@ -46,7 +47,8 @@ func fromSpan(t *testing.T, s sdktrace.ReadOnlySpan) summary {
 	}
 	for _, k := range []attribute.Key{effotel.AttrConsumer, effotel.AttrLane, effotel.AttrStrategy, effotel.AttrMessages,
 		effotel.AttrApplied, effotel.AttrDuplicate, effotel.AttrMismatch, effotel.AttrParked, effotel.AttrRetried,
-		effotel.AttrGap, effotel.AttrFenced, effotel.AttrIsolated, effotel.AttrBatchMessageCount, effotel.AttrClaimSeconds} {
+		effotel.AttrGap, effotel.AttrFenced, effotel.AttrIsolated, effotel.AttrBatchMessageCount, effotel.AttrClaimSeconds,
+		effotel.AttrBatchNumber, effotel.AttrReruns} {
 		if _, ok := attrs[k]; !ok {
 			t.Errorf("span %s lacks attribute %s", s.SpanContext().SpanID(), k)
 		}
@@ -59,9 +61,11 @@ func fromSpan(t *testing.T, s sdktrace.ReadOnlySpan) summary {
 	}
 	return summary{
 		attrs[effotel.AttrConsumer].AsString(), attrs[effotel.AttrLane].AsString(), attrs[effotel.AttrStrategy].AsString(),
+		attrs[effotel.AttrBatchNumber].AsInt64(),
 		attrs[effotel.AttrMessages].AsInt64(), attrs[effotel.AttrApplied].AsInt64(), attrs[effotel.AttrDuplicate].AsInt64(),
 		attrs[effotel.AttrMismatch].AsInt64(), attrs[effotel.AttrParked].AsInt64(), attrs[effotel.AttrRetried].AsInt64(),
-		attrs[effotel.AttrGap].AsInt64(), attrs[effotel.AttrFenced].AsBool(), attrs[effotel.AttrIsolated].AsBool(),
+		attrs[effotel.AttrGap].AsInt64(), attrs[effotel.AttrReruns].AsInt64(),
+		attrs[effotel.AttrFenced].AsBool(), attrs[effotel.AttrIsolated].AsBool(),
 		s.Status().Code == codes.Error,
 	}
 }
@@ -147,6 +151,7 @@ func TestSpanPerBatchMatchesStats(t *testing.T) {
 	var total summary
 	errorSpans := 0
 	ids := map[trace.SpanID]bool{}
+	numbers := map[int64]bool{}
 	for _, s := range spans {
 		if s.Name() != effotel.SpanName || s.SpanKind() != trace.SpanKindConsumer {
 			t.Errorf("span %q of kind %v, want %q of kind consumer", s.Name(), s.SpanKind(), effotel.SpanName)
@@ -157,6 +162,10 @@ func TestSpanPerBatchMatchesStats(t *testing.T) {
 		ids[s.SpanContext().SpanID()] = true
 		sum := fromSpan(t, s)
 		fromSpans = append(fromSpans, sum)
+		if numbers[sum.batch] || sum.batch < 1 {
+			t.Errorf("batch number %d repeated or not positive", sum.batch)
+		}
+		numbers[sum.batch] = true
 		if sum.failed {
 			errorSpans++
 			if len(s.Events()) == 0 || s.Events()[0].Name != "exception" {
@@ -208,9 +217,10 @@ func TestDefaultsToGlobalProvider(t *testing.T) {
 	defer otel.SetTracerProvider(prev)
 
 	h := effotel.New(effotel.Options{})
-	ctx := h.BatchStart(context.Background(), "c", "lane-0", 3)
-	h.BatchDone(ctx, &consumer.BatchStats{Consumer: "c", Lane: "lane-0", Size: 3, Parked: 1, Err: errors.New("commit: boom")})
-	h.BatchDone(context.Background(), &consumer.BatchStats{Consumer: "c"}) // not started here: ignored
+	info := consumer.BatchInfo{Consumer: "c", Strategy: "idset", Lane: "lane-0", Batch: 9, Size: 3}
+	ctx := h.BatchStart(context.Background(), info)
+	h.BatchDone(ctx, &consumer.BatchStats{BatchInfo: info, Parked: 1, Isolated: true, Reruns: 2, Err: errors.New("commit: boom")})
+	h.BatchDone(context.Background(), &consumer.BatchStats{BatchInfo: consumer.BatchInfo{Consumer: "c"}}) // not started here: ignored
 
 	spans := recorder.Ended()
 	if len(spans) != 1 {
@@ -220,13 +230,16 @@ func TestDefaultsToGlobalProvider(t *testing.T) {
 	if s.Status().Code != codes.Error || s.Status().Description != "commit: boom" {
 		t.Errorf("status %+v, want Error with the batch's error", s.Status())
 	}
-	var parked int64 = -1
+	attrs := map[attribute.Key]attribute.Value{}
 	for _, kv := range s.Attributes() {
-		if kv.Key == effotel.AttrParked {
-			parked = kv.Value.AsInt64()
+		attrs[kv.Key] = kv.Value
+	}
+	for k, want := range map[attribute.Key]int64{effotel.AttrParked: 1, effotel.AttrReruns: 2, effotel.AttrBatchNumber: 9} {
+		if v, ok := attrs[k]; !ok || v.AsInt64() != want {
+			t.Errorf("%s = %v (set: %v), want %d", k, v.AsInt64(), ok, want)
 		}
 	}
-	if parked != 1 {
-		t.Errorf("effectively.parked = %d, want 1", parked)
+	if got := attrs[effotel.AttrStrategy].AsString(); got != "idset" {
+		t.Errorf("%s = %q, want idset", effotel.AttrStrategy, got)
 	}
 }
