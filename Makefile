@@ -4,21 +4,27 @@ GO        ?= go
 STATICCHECK_VERSION ?= v0.8.2
 FAUXQS    := internal/fauxqs/node_modules/.package-lock.json
 
-.PHONY: test test-race test-short flake soak soak-kafka bench bench-expiry lint demo deps
+# PKGS are the packages of every module of the workspace (go.work): the core
+# and the modules beside it (cli, cmd/effectively, the adapters, the metrics
+# example), which ./... alone would leave out.
+PKGS      := $(shell $(GO) list -m -f '{{.Path}}/...')
+MODDIRS   := $(shell $(GO) list -m -f '{{.Dir}}')
+
+.PHONY: test test-race test-short flake soak soak-kafka bench bench-expiry lint tidy demo deps
 
 ## test: the whole suite with the race detector (starts its own PostgreSQL, Kafka and SQS peers)
 test: test-race
 
 test-race: deps
-	$(GO) test -race -count=1 -timeout 30m ./...
+	$(GO) test -race -count=1 -timeout 30m $(PKGS)
 
 ## test-short: a quicker pass while iterating
 test-short: deps
-	$(GO) test -short -count=1 ./...
+	$(GO) test -short -count=1 $(PKGS)
 
 ## flake: the whole suite five times over with the race detector, to catch flaky tests
 flake: deps
-	$(GO) test -race -count=5 -timeout 60m ./...
+	$(GO) test -race -count=5 -timeout 60m $(PKGS)
 
 ## soak: the consumer's invariant test over SOAK_SEEDS seeds (default 200) per strategy and handler shape, after soak-kafka
 SOAK_SEEDS ?= 200
@@ -43,10 +49,14 @@ bench:
 bench-expiry:
 	$(GO) run ./bench/cmd/expirytable
 
-## lint: go vet and staticcheck
+## lint: go vet and staticcheck, over every module
 lint:
-	$(GO) vet ./...
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+	$(GO) vet $(PKGS)
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) $(PKGS)
+
+## tidy: go mod tidy in each module (each names the core through a replace, so this works outside the workspace)
+tidy:
+	for d in $(MODDIRS); do (cd $$d && GOWORK=off $(GO) mod tidy) || exit 1; done
 
 ## demo: the quickstart ledger demo
 demo:

@@ -257,7 +257,8 @@ type outcomeCounter struct {
 
 func (o *outcomeCounter) BatchDone(context.Context, *consumer.BatchStats) {}
 
-func (o *outcomeCounter) MessageDone(_ context.Context, _ *consumer.Message, out consumer.Outcome, _ error) {
+func (o *outcomeCounter) MessageDone(_ context.Context, e consumer.MessageEvent) {
+	out := e.Outcome
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.n == nil {

@@ -33,6 +33,7 @@ type Consumer struct {
 
 	startHooks []BatchStartHook
 	msgHooks   []MessageHook
+	batches    atomic.Uint64 // numbers the batches: BatchInfo.Batch
 
 	running atomic.Bool
 }

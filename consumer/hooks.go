@@ -47,13 +47,27 @@ func (o Outcome) String() string {
 	return "invalid"
 }
 
-// BatchStats describes one finished batch.
-type BatchStats struct {
+// BatchInfo says which batch an event belongs to: the consumer that runs
+// it, its strategy, its lane, and its number.
+type BatchInfo struct {
+	// Consumer is Config.Name.
 	Consumer string
+	// Strategy is the dedupe strategy's Name.
 	Strategy string
-	Lane     string
+	// Lane is the lane the batch was fetched from (a Kafka partition, an
+	// SQS receiver or FIFO message group).
+	Lane string
+	// Batch numbers the consumer's batches from 1 in the order they start,
+	// across all its lanes. It identifies a batch among the events of one
+	// Consumer value; it starts again at 1 when the process restarts.
+	Batch uint64
 	// Size is the number of messages fetched.
 	Size int
+}
+
+// BatchStats describes one finished batch.
+type BatchStats struct {
+	BatchInfo
 	// Counts of outcomes. Gap counts the retried messages that had to wait
 	// rather than failed: their sequence number was ahead of their sender's
 	// mark, or an earlier message of their sender awaits a retry. They are
@@ -63,14 +77,14 @@ type BatchStats struct {
 	// connection: they may or may not have committed, and are delivered
 	// again (see OutcomeUnknown). Err is then set too.
 	Unknown int
-	// Reruns counts handler calls beyond the first for a message within
-	// this batch (a healthy message run again while a failing batch-mate
-	// is isolated). Their effects rolled back, but anything the handler did
-	// outside the transaction happened again.
-	Reruns int
 	// Isolated is true when a handler failed and the batch was re-run under
 	// savepoints to isolate the failing messages.
 	Isolated bool
+	// Reruns counts the handler calls beyond the first for a message within
+	// this batch (a healthy message re-run while a failing batch-mate is
+	// isolated): their effects were rolled back, but anything the handler
+	// did outside the transaction happened again.
+	Reruns int
 	// Fenced is true when the source reported that another consumer owns the
 	// lane: the batch was rolled back and dropped.
 	Fenced bool
@@ -82,6 +96,17 @@ type BatchStats struct {
 	Claim, Handle, Commit, Ack, Total time.Duration
 }
 
+// MessageEvent says what became of one message of a batch.
+type MessageEvent struct {
+	// BatchInfo is the batch the message was settled in.
+	BatchInfo
+	Message *Message
+	Outcome Outcome
+	// Err is the handler's or key's error for a retried message, and a
+	// *ParkedError carrying the reason for a parked one; nil otherwise.
+	Err error
+}
+
 // Hook observes the consumer, for metrics and tracing. Hooks run on the
 // consumer's goroutines and should return quickly.
 type Hook interface {
@@ -89,16 +114,18 @@ type Hook interface {
 	BatchDone(ctx context.Context, s *BatchStats)
 }
 
-// BatchStartHook is an optional Hook extension called when a batch starts;
-// the context it returns (carrying a trace span, say) is used for the
-// batch's work and passed to BatchDone.
+// BatchStartHook is an optional Hook extension called when a batch starts,
+// before its transaction begins. The context it returns (carrying a trace
+// span, say) is used for the batch's work and passed to BatchDone and
+// MessageDone.
 type BatchStartHook interface {
-	BatchStart(ctx context.Context, consumer, lane string, size int) context.Context
+	BatchStart(ctx context.Context, b BatchInfo) context.Context
 }
 
 // MessageHook is an optional Hook extension called once per message when
-// its batch is done. err is the handler's or key's error for retried
-// messages, and a *ParkedError carrying the reason for parked ones.
+// its batch is done, after BatchDone. The messages of a batch rolled back
+// as a whole (fenced, or failed) are not reported, except as OutcomeUnknown
+// when its COMMIT lost its connection.
 type MessageHook interface {
-	MessageDone(ctx context.Context, m *Message, o Outcome, err error)
+	MessageDone(ctx context.Context, e MessageEvent)
 }

@@ -425,7 +425,8 @@ func (r *invRun) BatchDone(_ context.Context, st *consumer.BatchStats) {
 }
 
 // MessageDone keeps each stored message's history, and which were parked.
-func (r *invRun) MessageDone(_ context.Context, m *consumer.Message, o consumer.Outcome, err error) {
+func (r *invRun) MessageDone(_ context.Context, e consumer.MessageEvent) {
+	m, o, err := e.Message, e.Outcome, e.Err
 	s := r.storedOf(m)
 	if s == nil {
 		return

@@ -5,12 +5,22 @@ import (
 	"log/slog"
 )
 
-// beginBatch builds the stats of batch b and runs the start hooks.
+// beginBatch numbers a batch, builds the BatchStats that the batch's stages
+// fill in, and runs the start hooks. The context it returns carries what
+// the hooks added (a trace span, say) and is the batch's context from here
+// on.
 func (c *Consumer) beginBatch(ctx context.Context, b *Batch) (context.Context, *BatchStats) {
+	st := &BatchStats{BatchInfo: BatchInfo{
+		Consumer: c.cfg.Name,
+		Strategy: c.cfg.Strategy.Name(),
+		Lane:     b.Lane,
+		Batch:    c.batches.Add(1),
+		Size:     len(b.Messages),
+	}}
 	for _, h := range c.startHooks {
-		ctx = h.BatchStart(ctx, c.cfg.Name, b.Lane, len(b.Messages))
+		ctx = h.BatchStart(ctx, st.BatchInfo)
 	}
-	return ctx, &BatchStats{Consumer: c.cfg.Name, Strategy: c.cfg.Strategy.Name(), Lane: b.Lane, Size: len(b.Messages)}
+	return ctx, st
 }
 
 // report counts outcomes, logs the noteworthy ones and calls the hooks.
@@ -23,12 +33,12 @@ func (c *Consumer) report(ctx context.Context, st *BatchStats, items []*item) {
 			st.Duplicate++
 		case OutcomeMismatch:
 			st.Mismatch++
-			c.log.Warn("key reused with another payload; treated as a duplicate",
-				"key", it.key.String(), "ref", it.m.Ref, "lane", it.m.Lane)
+			c.log.WarnContext(ctx, "key reused with another payload; treated as a duplicate",
+				"key", it.key.String(), "ref", it.m.Ref, "lane", it.m.Lane, "batch", st.Batch)
 		case OutcomeParked:
 			st.Parked++
-			c.log.Warn("message parked", "reason", it.reason, "ref", it.m.Ref, "lane", it.m.Lane,
-				"attempt", it.attempt(), "err", errString(it.err))
+			c.log.WarnContext(ctx, "message parked", "reason", it.reason, "ref", it.m.Ref, "lane", it.m.Lane,
+				"batch", st.Batch, "attempt", it.attempt(), "err", errString(it.err))
 		case OutcomeUnknown:
 			st.Unknown++
 		case OutcomeRetried:
@@ -37,8 +47,8 @@ func (c *Consumer) report(ctx context.Context, st *BatchStats, items []*item) {
 				st.Gap++
 			}
 			if c.log.Enabled(ctx, slog.LevelDebug) {
-				c.log.Debug("message will be retried", "ref", it.m.Ref, "lane", it.m.Lane,
-					"attempt", it.attempt(), "delay", it.delay, "err", errString(it.err))
+				c.log.DebugContext(ctx, "message will be retried", "ref", it.m.Ref, "lane", it.m.Lane,
+					"batch", st.Batch, "attempt", it.attempt(), "delay", it.delay, "err", errString(it.err))
 			}
 		}
 	}
@@ -46,16 +56,17 @@ func (c *Consumer) report(ctx context.Context, st *BatchStats, items []*item) {
 		h.BatchDone(ctx, st)
 	}
 	if len(c.msgHooks) > 0 {
+		e := MessageEvent{BatchInfo: st.BatchInfo}
 		for _, it := range items {
 			if it.outcome == 0 {
 				continue // abandoned with its batch
 			}
-			err := it.err
+			e.Message, e.Outcome, e.Err = it.m, it.outcome, it.err
 			if it.outcome == OutcomeParked {
-				err = &ParkedError{Reason: it.reason, Err: it.err}
+				e.Err = &ParkedError{Reason: it.reason, Err: it.err}
 			}
 			for _, h := range c.msgHooks {
-				h.MessageDone(ctx, it.m, it.outcome, err)
+				h.MessageDone(ctx, e)
 			}
 		}
 	}

@@ -21,10 +21,10 @@ func TestCounterTotals(t *testing.T) {
 	var c consumertest.Counter
 	ctx := context.Background()
 	for _, s := range []consumer.BatchStats{
-		{Size: 3, Applied: 2, Duplicate: 1},
-		{Size: 2, Mismatch: 1, Parked: 1, Isolated: true},
-		{Size: 4, Retried: 4, Gap: 2, Err: errors.New("commit"), Isolated: true},
-		{Size: 1, Fenced: true, Err: errors.New("fenced")},
+		{BatchInfo: consumer.BatchInfo{Size: 3}, Applied: 2, Duplicate: 1},
+		{BatchInfo: consumer.BatchInfo{Size: 2}, Mismatch: 1, Parked: 1, Isolated: true},
+		{BatchInfo: consumer.BatchInfo{Size: 4}, Retried: 4, Gap: 2, Err: errors.New("commit"), Isolated: true},
+		{BatchInfo: consumer.BatchInfo{Size: 1}, Fenced: true, Err: errors.New("fenced")},
 	} {
 		c.BatchDone(ctx, &s)
 	}

@@ -28,7 +28,8 @@ type ackLog struct {
 
 func (a *ackLog) BatchDone(context.Context, *consumer.BatchStats) {}
 
-func (a *ackLog) MessageDone(_ context.Context, m *consumer.Message, o consumer.Outcome, _ error) {
+func (a *ackLog) MessageDone(_ context.Context, e consumer.MessageEvent) {
+	m, o := e.Message, e.Outcome
 	if o != consumer.OutcomeApplied && o != consumer.OutcomeDuplicate {
 		return
 	}

@@ -180,9 +180,9 @@ func run(ctx context.Context, demo bool, events int, logger *slog.Logger) error 
 		Scope:    scope,
 		Strategy: strategy,
 		// Providers redeliver an event as a new SQS message: key on the
-		// event's own ID. sqs.KeyFunc parks messages the source could not
-		// read (an SNS envelope that is not JSON) with the reason.
-		KeyFunc:      sqs.KeyFunc(consumer.JSONField("id")),
+		// event's own ID. sqs.ParkUnreadable parks messages the source
+		// could not read (an SNS envelope that is not JSON) with the reason.
+		KeyFunc:      sqs.ParkUnreadable(consumer.JSONField("id")),
 		Handler:      consumer.JSON(store),
 		BatchSize:    100,
 		RetryBackoff: 500 * time.Millisecond,

@@ -158,7 +158,7 @@
 // creates it.
 //
 // Source.Assignment lists the partitions the source owns, and Source.Lag
-// reports only those, so a lag gauge fed from it (metrics/prometheus's
+// reports only those, so a lag gauge fed from it (metrics/effprom's
 // ReportLag) shows which partitions each worker owns; Config.OnAssigned and
 // Config.OnRevoked report every change.
 //

@@ -127,7 +127,7 @@ func (s *Source) Assignment() []string {
 // outcome is not yet committed) and the end of the partition's log, as of
 // the partition's last fetch. Partitions whose position is not yet known
 // are left out. Feed it to a metrics gauge (see
-// metrics/prometheus's ReportLag).
+// metrics/effprom's ReportLag).
 func (s *Source) Lag() map[string]int64 {
 	s.mu.Lock()
 	out := map[string]int64{}

@@ -87,13 +87,13 @@ type Config struct {
 	// RequireIDAttribute makes a standard-queue message without IDAttribute
 	// (or with an empty one) unreadable instead of falling back to the
 	// MessageId: it is parked with the reason when the consumer's KeyFunc is
-	// wrapped with KeyFunc. Defaults to false.
+	// wrapped with ParkUnreadable. Defaults to false.
 	RequireIDAttribute bool
 	// SNSEnvelope unwraps SNS notifications (SNS to SQS subscriptions without
 	// raw message delivery): Message.Value is the notification's Message, the
 	// headers include its MessageAttributes, and the default dedupe ID on a
 	// standard queue is the IDAttribute among those, else the SNS MessageId.
-	// A body that is not an SNS envelope is unreadable (see KeyFunc).
+	// A body that is not an SNS envelope is unreadable (see ParkUnreadable).
 	// Defaults to false.
 	SNSEnvelope bool
 

@@ -137,10 +137,10 @@
 // the fallback dedupe ID. A body that is not such an envelope (not JSON, or
 // JSON without MessageId and Message) cannot be keyed: the source delivers
 // it with an empty Message.ID, logs a warning, and records an
-// *UnreadableError. Wrap the consumer's KeyFunc with KeyFunc so the consumer
-// parks the message with that reason; the receivers go on. A standard-queue
-// message without the ID attribute under Config.RequireIDAttribute is
-// treated the same way.
+// *UnreadableError. Wrap the consumer's KeyFunc with ParkUnreadable so the
+// consumer parks the message with that reason; the receivers go on. A
+// standard-queue message without the ID attribute under
+// Config.RequireIDAttribute is treated the same way.
 //
 // # Horizon
 //

@@ -70,7 +70,7 @@ func (e *e2e) consumer(src consumer.Source, cfg consumer.Config) *consumer.Consu
 		cfg.BatchHandler = insertEffects
 	}
 	if cfg.KeyFunc == nil {
-		cfg.KeyFunc = sqs.KeyFunc(nil)
+		cfg.KeyFunc = sqs.ParkUnreadable(nil)
 	}
 	if cfg.RetryBackoff == 0 {
 		cfg.RetryBackoff = 10 * time.Millisecond

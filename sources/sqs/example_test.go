@@ -38,7 +38,7 @@ func ExampleNew() {
 	c, err := consumer.New(pool, src, consumer.Config{
 		Name:     "orders",
 		Strategy: strategy,
-		KeyFunc:  sqs.KeyFunc(nil), // park unreadable messages with the reason
+		KeyFunc:  sqs.ParkUnreadable(nil), // park unreadable messages with the reason
 		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			_, err := tx.Exec(ctx, `INSERT INTO orders (id, body) VALUES ($1, $2)`, m.DedupeKey.ID, m.Value)
 			return err

@@ -57,7 +57,7 @@ func TestStandardIDs(t *testing.T) {
 }
 
 // TestRequiredIDAttribute: with RequireIDAttribute a message without the
-// attribute has no ID and KeyFunc reports why.
+// attribute has no ID and ParkUnreadable reports why.
 func TestRequiredIDAttribute(t *testing.T) {
 	t.Parallel()
 	c := client(t)
@@ -68,7 +68,7 @@ func TestRequiredIDAttribute(t *testing.T) {
 		{Body: "without", Attrs: map[string]string{"idempotency-key": "k"}},
 	})
 	got := receiveAll(t, src, 2)
-	keyFunc := sqs.KeyFunc(nil)
+	keyFunc := sqs.ParkUnreadable(nil)
 	if k, err := keyFunc(got["with"]); err != nil || k.ID != "e1" {
 		t.Fatalf("with: key %v, %v; want e1", k, err)
 	}
@@ -79,7 +79,7 @@ func TestRequiredIDAttribute(t *testing.T) {
 	_, err := keyFunc(m)
 	var ue *sqs.UnreadableError
 	if !errors.Is(err, sqs.ErrUnreadable) || !errors.As(err, &ue) || ue.MessageID != m.Ref {
-		t.Fatalf("without: KeyFunc error %v, want an UnreadableError naming %s", err, m.Ref)
+		t.Fatalf("without: ParkUnreadable error %v, want an UnreadableError naming %s", err, m.Ref)
 	}
 }
 
@@ -146,8 +146,8 @@ func TestSNSEnvelope(t *testing.T) {
 			if m.ID != "" {
 				t.Fatalf("unreadable message has ID %q", m.ID)
 			}
-			if _, kerr := sqs.KeyFunc(nil)(m); !errors.Is(kerr, sqs.ErrUnreadable) {
-				t.Fatalf("KeyFunc on an unreadable message: %v", kerr)
+			if _, kerr := sqs.ParkUnreadable(nil)(m); !errors.Is(kerr, sqs.ErrUnreadable) {
+				t.Fatalf("ParkUnreadable on an unreadable message: %v", kerr)
 			}
 		}
 	}
@@ -156,15 +156,15 @@ func TestSNSEnvelope(t *testing.T) {
 	}
 }
 
-// TestKeyFuncDelegates: KeyFunc passes readable messages to next.
-func TestKeyFuncDelegates(t *testing.T) {
+// TestParkUnreadableDelegates: ParkUnreadable passes readable messages to next.
+func TestParkUnreadableDelegates(t *testing.T) {
 	t.Parallel()
 	m := &consumer.Message{ID: "x", Value: []byte(`{"event_id":"e9"}`)}
-	k, err := sqs.KeyFunc(consumer.JSONField("event_id"))(m)
+	k, err := sqs.ParkUnreadable(consumer.JSONField("event_id"))(m)
 	if err != nil || k.ID != "e9" {
 		t.Fatalf("key %v, %v; want e9", k, err)
 	}
-	if k, err := sqs.KeyFunc(nil)(m); err != nil || k.ID != "x" {
+	if k, err := sqs.ParkUnreadable(nil)(m); err != nil || k.ID != "x" {
 		t.Fatalf("key %v, %v; want x", k, err)
 	}
 }

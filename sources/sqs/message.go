@@ -26,8 +26,8 @@ var ErrUnreadable = errors.New("sqs: unreadable message")
 // UnreadableError reports a message the source could not turn into a
 // consumer message with a dedupe ID: an SNS envelope that is not JSON, or a
 // missing required ID attribute. Such a message is delivered with an empty
-// Message.ID; KeyFunc returns this error for it, so the consumer parks it
-// with the reason instead of retrying it.
+// Message.ID; the key function ParkUnreadable returns reports this error
+// for it, so the consumer parks it with the reason instead of retrying it.
 type UnreadableError struct {
 	MessageID string
 	Reason    string
@@ -40,16 +40,16 @@ func (e *UnreadableError) Error() string {
 // Is makes errors.Is(err, ErrUnreadable) true.
 func (e *UnreadableError) Is(target error) bool { return target == ErrUnreadable }
 
-// KeyFunc returns a consumer.KeyFunc that parks messages this package could
-// not read (see UnreadableError) with the reason, and derives every other
-// message's key with next (consumer.DefaultKey when nil). Set it as the
-// consumer's KeyFunc:
+// ParkUnreadable returns a consumer.KeyFunc that parks messages this
+// package could not read (see UnreadableError) with the reason, and derives
+// every other message's key with next (consumer.DefaultKey when nil). Set
+// it as the consumer's KeyFunc:
 //
-//	consumer.Config{KeyFunc: sqs.KeyFunc(nil), ...}
+//	consumer.Config{KeyFunc: sqs.ParkUnreadable(nil), ...}
 //
 // Without it an unreadable message still has an empty ID, which the dedupe
 // strategy refuses, so it is parked all the same, with a vaguer reason.
-func KeyFunc(next consumer.KeyFunc) consumer.KeyFunc {
+func ParkUnreadable(next consumer.KeyFunc) consumer.KeyFunc {
 	if next == nil {
 		next = consumer.DefaultKey
 	}

@@ -1,4 +1,4 @@
-package prometheus_test
+package effprom_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/dedupe/idset"
-	"github.com/effectively-once/effectively/metrics/prometheus"
+	"github.com/effectively-once/effectively/metrics/effprom"
 	"github.com/jackc/pgx/v5"
 	prom "github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -102,7 +102,7 @@ func TestCountersMatchKnownTraffic(t *testing.T) {
 		return insertEffect(ctx, tx, m)
 	}
 
-	metrics, err := prometheus.New(prometheus.Options{})
+	metrics, err := effprom.New(effprom.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,6 +164,15 @@ func TestCountersMatchKnownTraffic(t *testing.T) {
 	if batches == 0 {
 		t.Fatal("no batches counted")
 	}
+	// Handler re-runs while failures were isolated: the scrape agrees with
+	// the batches' own counts.
+	var reruns int
+	for _, b := range stats.Batches() {
+		reruns += b.Reruns
+	}
+	if got := s.value(t, "effectively_handler_reruns_total", "consumer=orders"); got != float64(reruns) {
+		t.Errorf("handler_reruns_total = %v, want %d (the sum of BatchStats.Reruns)", got, reruns)
+	}
 	delivered := broker.Stats().Delivered
 	if count, total := s.histogram(t, "effectively_batch_size", "consumer=orders"); count != uint64(batches) || total != float64(delivered) || sum.Size != delivered {
 		t.Errorf("batch_size: %d batches of %v messages in all; want %v batches, %d deliveries", count, total, batches, delivered)
@@ -218,7 +227,7 @@ func TestCountersUnderRedelivery(t *testing.T) {
 		}
 		return insertEffect(ctx, tx, m)
 	}
-	metrics, err := prometheus.New(prometheus.Options{Namespace: "acme", ConstLabels: map[string]string{"service": "billing"}})
+	metrics, err := effprom.New(effprom.Options{Namespace: "acme", ConstLabels: map[string]string{"service": "billing"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +263,7 @@ func TestCountersUnderRedelivery(t *testing.T) {
 
 func TestLag(t *testing.T) {
 	t.Parallel()
-	m, err := prometheus.New(prometheus.Options{})
+	m, err := effprom.New(effprom.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +288,7 @@ func TestLag(t *testing.T) {
 // a lane the function stops reporting (a partition read elsewhere) goes away.
 func TestReportLag(t *testing.T) {
 	t.Parallel()
-	m, err := prometheus.New(prometheus.Options{})
+	m, err := effprom.New(effprom.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,7 +340,7 @@ func TestReportLag(t *testing.T) {
 
 func TestOptionsValidation(t *testing.T) {
 	t.Parallel()
-	for name, o := range map[string]prometheus.Options{
+	for name, o := range map[string]effprom.Options{
 		"namespace":          {Namespace: "9lives"},
 		"namespace dash":     {Namespace: "my-app"},
 		"label name":         {ConstLabels: map[string]string{"bad-name": "x"}},
@@ -341,16 +350,16 @@ func TestOptionsValidation(t *testing.T) {
 		"decreasing buckets": {BatchSizeBuckets: []float64{1, 10, 5}},
 		"equal buckets":      {MessageAgeBuckets: []float64{1, 1}},
 	} {
-		_, err := prometheus.New(o)
-		if !errors.Is(err, prometheus.ErrInvalidOptions) {
+		_, err := effprom.New(o)
+		if !errors.Is(err, effprom.ErrInvalidOptions) {
 			t.Errorf("%s: New returned %v, want ErrInvalidOptions", name, err)
 		}
-		var oe *prometheus.OptionsError
+		var oe *effprom.OptionsError
 		if !errors.As(err, &oe) || oe.Field == "" {
 			t.Errorf("%s: %v is not an *OptionsError naming the field", name, err)
 		}
 	}
-	if _, err := prometheus.New(prometheus.Options{Namespace: "ok_1", ConstLabels: map[string]string{"service": "x"}, BatchSizeBuckets: []float64{1, 10}}); err != nil {
+	if _, err := effprom.New(effprom.Options{Namespace: "ok_1", ConstLabels: map[string]string{"service": "x"}, BatchSizeBuckets: []float64{1, 10}}); err != nil {
 		t.Errorf("valid options refused: %v", err)
 	}
 }
@@ -359,13 +368,13 @@ func TestOptionsValidation(t *testing.T) {
 // exist, at zero, from its first batch, so that rates are 0 and not absent.
 func TestSeriesStartAtZero(t *testing.T) {
 	t.Parallel()
-	m, err := prometheus.New(prometheus.Options{})
+	m, err := effprom.New(effprom.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := prom.NewPedanticRegistry()
 	reg.MustRegister(m)
-	m.BatchDone(context.Background(), &consumer.BatchStats{Consumer: "c", Strategy: "idset", Size: 3, Applied: 3, Total: time.Millisecond})
+	m.BatchDone(context.Background(), &consumer.BatchStats{BatchInfo: consumer.BatchInfo{Consumer: "c", Strategy: "idset", Batch: 1, Size: 3}, Applied: 3, Total: time.Millisecond})
 	s := gather(t, reg)
 	if n := len(s["effectively_messages_total"].GetMetric()); n != 7 {
 		t.Errorf("%d outcome series, want 7", n)
@@ -382,13 +391,13 @@ func TestSeriesStartAtZero(t *testing.T) {
 // as unknown, not as applied or failed.
 func TestUnknownCommitCounted(t *testing.T) {
 	t.Parallel()
-	m, err := prometheus.New(prometheus.Options{})
+	m, err := effprom.New(effprom.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := prom.NewPedanticRegistry()
 	reg.MustRegister(m)
-	m.BatchDone(context.Background(), &consumer.BatchStats{Consumer: "c", Strategy: "idset", Size: 3, Unknown: 3,
+	m.BatchDone(context.Background(), &consumer.BatchStats{BatchInfo: consumer.BatchInfo{Consumer: "c", Strategy: "idset", Batch: 1, Size: 3}, Unknown: 3,
 		Err: errors.New("commit outcome unknown: connection reset"), Total: time.Millisecond})
 	s := gather(t, reg)
 	if got := s.value(t, "effectively_messages_total", "consumer=c", "outcome=unknown"); got != 3 {
@@ -402,5 +411,64 @@ func TestUnknownCommitCounted(t *testing.T) {
 	}
 	if got := s.value(t, "effectively_batches_total", "consumer=c", "result=error"); got != 0 {
 		t.Errorf("error batches = %v, want 0", got)
+	}
+}
+
+// TestReruns: a batch's re-executions are added to handler_reruns_total,
+// whose series exists at zero from the consumer's first batch.
+func TestReruns(t *testing.T) {
+	t.Parallel()
+	m, err := effprom.New(effprom.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prom.NewPedanticRegistry()
+	reg.MustRegister(m)
+	ctx := context.Background()
+	batch := func(n uint64, reruns int) *consumer.BatchStats {
+		return &consumer.BatchStats{BatchInfo: consumer.BatchInfo{Consumer: "c", Strategy: "idset", Lane: "l", Batch: n, Size: 4},
+			Applied: 3, Retried: 1, Isolated: reruns > 0, Reruns: reruns, Total: time.Millisecond}
+	}
+	m.BatchDone(ctx, batch(1, 0))
+	if got := gather(t, reg).value(t, "effectively_handler_reruns_total", "consumer=c"); got != 0 {
+		t.Errorf("handler_reruns_total = %v after a batch without re-runs, want 0", got)
+	}
+	m.BatchDone(ctx, batch(2, 3))
+	m.BatchDone(ctx, batch(3, 2))
+	if got := gather(t, reg).value(t, "effectively_handler_reruns_total", "consumer=c"); got != 5 {
+		t.Errorf("handler_reruns_total = %v, want 5", got)
+	}
+}
+
+// TestMessageDoneNamesItsConsumer: MessageDone takes the consumer from the
+// event, not from a context BatchStart prepared, and keeps consumers apart.
+func TestMessageDoneNamesItsConsumer(t *testing.T) {
+	t.Parallel()
+	m, err := effprom.New(effprom.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prom.NewPedanticRegistry()
+	reg.MustRegister(m)
+	ctx := context.Background()
+	event := func(name string, o consumer.Outcome, err error) consumer.MessageEvent {
+		return consumer.MessageEvent{
+			BatchInfo: consumer.BatchInfo{Consumer: name, Strategy: "idset", Lane: "l", Batch: 7, Size: 2},
+			Message:   &consumer.Message{ID: "m", Time: time.Now().Add(-time.Second)},
+			Outcome:   o, Err: err,
+		}
+	}
+	m.MessageDone(ctx, event("a", consumer.OutcomeParked, &consumer.ParkedError{Reason: "permanent", Err: errors.New("poison")}))
+	m.MessageDone(ctx, event("b", consumer.OutcomeApplied, nil))
+	m.MessageDone(ctx, event("b", consumer.OutcomeApplied, nil))
+	s := gather(t, reg)
+	if got := s.value(t, "effectively_parked_total", "consumer=a", "reason=permanent"); got != 1 {
+		t.Errorf("parked_total{consumer=a} = %v, want 1", got)
+	}
+	if count, sum := s.histogram(t, "effectively_message_age_seconds", "consumer=b"); count != 2 || sum < 2 {
+		t.Errorf("message_age_seconds{consumer=b}: count %d sum %v, want 2 observations of at least 1 s", count, sum)
+	}
+	if _, ok := s["effectively_parked_total"]; ok && len(s["effectively_parked_total"].GetMetric()) != 1 {
+		t.Errorf("%d parked_total series, want only consumer a's", len(s["effectively_parked_total"].GetMetric()))
 	}
 }

@@ -1,4 +1,4 @@
-package prometheus
+package effprom
 
 import (
 	"errors"
@@ -9,7 +9,7 @@ import (
 )
 
 // ErrInvalidOptions is matched by every error New returns for bad Options.
-var ErrInvalidOptions = errors.New("prometheus: invalid options")
+var ErrInvalidOptions = errors.New("effprom: invalid options")
 
 // OptionsError reports a bad Options field.
 type OptionsError struct {
@@ -18,7 +18,7 @@ type OptionsError struct {
 }
 
 func (e *OptionsError) Error() string {
-	return fmt.Sprintf("prometheus: invalid options: %s: %s", e.Field, e.Reason)
+	return fmt.Sprintf("effprom: invalid options: %s: %s", e.Field, e.Reason)
 }
 
 // Is makes errors.Is(err, ErrInvalidOptions) true.

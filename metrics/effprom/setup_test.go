@@ -1,4 +1,4 @@
-package prometheus_test
+package effprom_test
 
 import (
 	"context"

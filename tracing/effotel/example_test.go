@@ -1,4 +1,4 @@
-package oteltrace_test
+package effotel_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/dedupe/idset"
-	oteltrace "github.com/effectively-once/effectively/tracing/otel"
+	"github.com/effectively-once/effectively/tracing/effotel"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
@@ -23,7 +23,7 @@ func ExampleNew() {
 	// is used.
 	tp := sdktrace.NewTracerProvider()
 	defer func() { _ = tp.Shutdown(context.Background()) }()
-	tracer := oteltrace.New(oteltrace.Options{
+	tracer := effotel.New(effotel.Options{
 		TracerProvider: tp,
 		Attributes:     []attribute.KeyValue{attribute.String("messaging.destination.name", "orders")},
 	})

@@ -1,4 +1,4 @@
-package prometheus
+package effprom
 
 import (
 	"errors"
@@ -73,7 +73,7 @@ func newStrategyMetrics(ns string, cl prom.Labels) strategyMetrics {
 
 // ErrAlreadyWatched is returned by WatchHighwater and WatchBloom for a
 // consumer name that already has a watched strategy of that kind.
-var ErrAlreadyWatched = errors.New("prometheus: a strategy of this kind is already watched for this consumer")
+var ErrAlreadyWatched = errors.New("effprom: a strategy of this kind is already watched for this consumer")
 
 // WatchHighwater exports s's Stats at each scrape, labelled
 // consumer=consumerName:
@@ -83,7 +83,7 @@ var ErrAlreadyWatched = errors.New("prometheus: a strategy of this kind is alrea
 //	_stuck_senders
 func (m *Metrics) WatchHighwater(consumerName string, s *highwater.Strategy) error {
 	if s == nil {
-		return errors.New("prometheus: WatchHighwater: nil strategy")
+		return errors.New("effprom: WatchHighwater: nil strategy")
 	}
 	return watch(&m.strategies.mu, m.strategies.hws, consumerName, s)
 }
@@ -98,7 +98,7 @@ func (m *Metrics) WatchHighwater(consumerName string, s *highwater.Strategy) err
 //	_conflicts_total, _dropped_partitions_total, _warm
 func (m *Metrics) WatchBloom(consumerName string, s *bloom.Strategy) error {
 	if s == nil {
-		return errors.New("prometheus: WatchBloom: nil strategy")
+		return errors.New("effprom: WatchBloom: nil strategy")
 	}
 	return watch(&m.strategies.mu, m.strategies.bls, consumerName, s)
 }

@@ -1,4 +1,4 @@
-package oteltrace
+package effotel
 
 import (
 	"context"
@@ -14,12 +14,13 @@ import (
 const SpanName = "effectively.batch"
 
 // ScopeName is the instrumentation scope of the tracer the hook uses.
-const ScopeName = "github.com/effectively-once/effectively/tracing/otel"
+const ScopeName = "github.com/effectively-once/effectively/tracing/effotel"
 
 // Attribute keys of the batch span.
 const (
 	AttrConsumer      = attribute.Key("effectively.consumer")
 	AttrLane          = attribute.Key("effectively.lane")
+	AttrBatchNumber   = attribute.Key("effectively.batch_number")
 	AttrMessages      = attribute.Key("effectively.messages")
 	AttrStrategy      = attribute.Key("effectively.strategy")
 	AttrApplied       = attribute.Key("effectively.applied")
@@ -31,6 +32,7 @@ const (
 	AttrUnknown       = attribute.Key("effectively.unknown")
 	AttrFenced        = attribute.Key("effectively.fenced")
 	AttrIsolated      = attribute.Key("effectively.isolated")
+	AttrReruns        = attribute.Key("effectively.reruns")
 	AttrClaimSeconds  = attribute.Key("effectively.claim_seconds")
 	AttrHandleSeconds = attribute.Key("effectively.handle_seconds")
 	AttrCommitSeconds = attribute.Key("effectively.commit_seconds")
@@ -81,13 +83,15 @@ func New(opts Options) *Hook {
 type spanKey struct{ h *Hook }
 
 // BatchStart implements consumer.BatchStartHook: it starts the batch span.
-func (h *Hook) BatchStart(ctx context.Context, consumerName, lane string, size int) context.Context {
-	attrs := make([]attribute.KeyValue, 0, 4+len(h.attrs))
+func (h *Hook) BatchStart(ctx context.Context, b consumer.BatchInfo) context.Context {
+	attrs := make([]attribute.KeyValue, 0, 6+len(h.attrs))
 	attrs = append(attrs,
-		AttrConsumer.String(consumerName),
-		AttrLane.String(lane),
-		AttrMessages.Int(size),
-		AttrBatchMessageCount.Int(size),
+		AttrConsumer.String(b.Consumer),
+		AttrStrategy.String(b.Strategy),
+		AttrLane.String(b.Lane),
+		AttrBatchNumber.Int64(int64(b.Batch)),
+		AttrMessages.Int(b.Size),
+		AttrBatchMessageCount.Int(b.Size),
 	)
 	attrs = append(attrs, h.attrs...)
 	ctx, span := h.tracer.Start(ctx, SpanName, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
@@ -102,7 +106,6 @@ func (h *Hook) BatchDone(ctx context.Context, s *consumer.BatchStats) {
 		return // the batch did not start through this hook
 	}
 	span.SetAttributes(
-		AttrStrategy.String(s.Strategy),
 		AttrApplied.Int(s.Applied),
 		AttrDuplicate.Int(s.Duplicate),
 		AttrMismatch.Int(s.Mismatch),
@@ -112,6 +115,7 @@ func (h *Hook) BatchDone(ctx context.Context, s *consumer.BatchStats) {
 		AttrUnknown.Int(s.Unknown),
 		AttrFenced.Bool(s.Fenced),
 		AttrIsolated.Bool(s.Isolated),
+		AttrReruns.Int(s.Reruns),
 		AttrClaimSeconds.Float64(s.Claim.Seconds()),
 		AttrHandleSeconds.Float64(s.Handle.Seconds()),
 		AttrCommitSeconds.Float64(s.Commit.Seconds()),

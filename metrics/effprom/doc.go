@@ -1,10 +1,10 @@
-// Package prometheus exports a consumer's batches, messages and dedupe
+// Package effprom exports a consumer's batches, messages and dedupe
 // strategies as Prometheus metrics. It lives in its own package so that the
 // core carries no dependency on the Prometheus client.
 //
 // Create a Metrics, register it, and pass it to the consumer as a hook:
 //
-//	m, err := prometheus.New(prometheus.Options{})
+//	m, err := effprom.New(effprom.Options{})
 //	if err != nil { ... }
 //	registry.MustRegister(m)
 //	c, err := consumer.New(db, src, consumer.Config{..., Hooks: []consumer.Hook{m}})
@@ -24,6 +24,10 @@
 //	effectively_batches_total{consumer,result}          counter; result is ok, isolated (committed
 //	                                                    after a handler failure was isolated),
 //	                                                    fenced or error (rolled back)
+//	effectively_handler_reruns_total{consumer}          counter of handler calls beyond the first for
+//	                                                    a message within one batch (healthy messages
+//	                                                    re-run while a failing one was isolated; see
+//	                                                    consumer.BatchStats.Reruns)
 //	effectively_batch_size{consumer}                    histogram of messages fetched per batch
 //	effectively_batch_duration_seconds{consumer}        histogram, start of processing to settled
 //	effectively_claim_duration_seconds{consumer,strategy}
@@ -47,4 +51,4 @@
 // wherever it is known, for example a goroutine that compares a Kafka
 // partition's end offset with the committed offset every few seconds, and
 // remove a lane that moved to another process with DeleteLag.
-package prometheus
+package effprom

@@ -1,4 +1,4 @@
-package prometheus_test
+package effprom_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/bloom"
 	"github.com/effectively-once/effectively/dedupe/highwater"
-	"github.com/effectively-once/effectively/metrics/prometheus"
+	"github.com/effectively-once/effectively/metrics/effprom"
 	prom "github.com/prometheus/client_golang/prometheus"
 )
 
@@ -49,14 +49,14 @@ func TestHighwaterGapAndCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	metrics, err := prometheus.New(prometheus.Options{})
+	metrics, err := effprom.New(effprom.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := metrics.WatchHighwater("marks", strategy); err != nil {
 		t.Fatal(err)
 	}
-	if err := metrics.WatchHighwater("marks", strategy); !errors.Is(err, prometheus.ErrAlreadyWatched) {
+	if err := metrics.WatchHighwater("marks", strategy); !errors.Is(err, effprom.ErrAlreadyWatched) {
 		t.Errorf("second WatchHighwater for one consumer: %v, want ErrAlreadyWatched", err)
 	}
 	reg := prom.NewPedanticRegistry()
@@ -113,7 +113,7 @@ func TestBloomStats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	metrics, err := prometheus.New(prometheus.Options{})
+	metrics, err := effprom.New(effprom.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package oteltrace_test
+package effotel_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/pgtest"
-	oteltrace "github.com/effectively-once/effectively/tracing/otel"
+	"github.com/effectively-once/effectively/tracing/effotel"
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -28,14 +28,15 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // summary is what a span says about its batch, or what BatchStats say.
 type summary struct {
-	consumer, lane, strategy                                     string
-	messages, applied, duplicate, mismatch, parked, retried, gap int64
-	fenced, isolated, failed                                     bool
+	consumer, lane, strategy                                            string
+	batch, messages, applied, duplicate, mismatch, parked, retried, gap int64
+	reruns                                                              int64
+	fenced, isolated, failed                                            bool
 }
 
 func fromStats(s consumer.BatchStats) summary {
-	return summary{s.Consumer, s.Lane, s.Strategy, int64(s.Size), int64(s.Applied), int64(s.Duplicate),
-		int64(s.Mismatch), int64(s.Parked), int64(s.Retried), int64(s.Gap), s.Fenced, s.Isolated, s.Err != nil}
+	return summary{s.Consumer, s.Lane, s.Strategy, int64(s.Batch), int64(s.Size), int64(s.Applied), int64(s.Duplicate),
+		int64(s.Mismatch), int64(s.Parked), int64(s.Retried), int64(s.Gap), int64(s.Reruns), s.Fenced, s.Isolated, s.Err != nil}
 }
 
 func fromSpan(t *testing.T, s sdktrace.ReadOnlySpan) summary {
@@ -44,24 +45,27 @@ func fromSpan(t *testing.T, s sdktrace.ReadOnlySpan) summary {
 	for _, kv := range s.Attributes() {
 		attrs[kv.Key] = kv.Value
 	}
-	for _, k := range []attribute.Key{oteltrace.AttrConsumer, oteltrace.AttrLane, oteltrace.AttrStrategy, oteltrace.AttrMessages,
-		oteltrace.AttrApplied, oteltrace.AttrDuplicate, oteltrace.AttrMismatch, oteltrace.AttrParked, oteltrace.AttrRetried,
-		oteltrace.AttrGap, oteltrace.AttrFenced, oteltrace.AttrIsolated, oteltrace.AttrBatchMessageCount, oteltrace.AttrClaimSeconds} {
+	for _, k := range []attribute.Key{effotel.AttrConsumer, effotel.AttrLane, effotel.AttrStrategy, effotel.AttrMessages,
+		effotel.AttrApplied, effotel.AttrDuplicate, effotel.AttrMismatch, effotel.AttrParked, effotel.AttrRetried,
+		effotel.AttrGap, effotel.AttrFenced, effotel.AttrIsolated, effotel.AttrBatchMessageCount, effotel.AttrClaimSeconds,
+		effotel.AttrBatchNumber, effotel.AttrReruns} {
 		if _, ok := attrs[k]; !ok {
 			t.Errorf("span %s lacks attribute %s", s.SpanContext().SpanID(), k)
 		}
 	}
-	if attrs[oteltrace.AttrBatchMessageCount].AsInt64() != attrs[oteltrace.AttrMessages].AsInt64() {
-		t.Errorf("messaging.batch.message_count %v != effectively.messages %v", attrs[oteltrace.AttrBatchMessageCount], attrs[oteltrace.AttrMessages])
+	if attrs[effotel.AttrBatchMessageCount].AsInt64() != attrs[effotel.AttrMessages].AsInt64() {
+		t.Errorf("messaging.batch.message_count %v != effectively.messages %v", attrs[effotel.AttrBatchMessageCount], attrs[effotel.AttrMessages])
 	}
 	if attrs["deployment"].AsString() != "test" {
 		t.Errorf("span lacks the configured attribute deployment=test")
 	}
 	return summary{
-		attrs[oteltrace.AttrConsumer].AsString(), attrs[oteltrace.AttrLane].AsString(), attrs[oteltrace.AttrStrategy].AsString(),
-		attrs[oteltrace.AttrMessages].AsInt64(), attrs[oteltrace.AttrApplied].AsInt64(), attrs[oteltrace.AttrDuplicate].AsInt64(),
-		attrs[oteltrace.AttrMismatch].AsInt64(), attrs[oteltrace.AttrParked].AsInt64(), attrs[oteltrace.AttrRetried].AsInt64(),
-		attrs[oteltrace.AttrGap].AsInt64(), attrs[oteltrace.AttrFenced].AsBool(), attrs[oteltrace.AttrIsolated].AsBool(),
+		attrs[effotel.AttrConsumer].AsString(), attrs[effotel.AttrLane].AsString(), attrs[effotel.AttrStrategy].AsString(),
+		attrs[effotel.AttrBatchNumber].AsInt64(),
+		attrs[effotel.AttrMessages].AsInt64(), attrs[effotel.AttrApplied].AsInt64(), attrs[effotel.AttrDuplicate].AsInt64(),
+		attrs[effotel.AttrMismatch].AsInt64(), attrs[effotel.AttrParked].AsInt64(), attrs[effotel.AttrRetried].AsInt64(),
+		attrs[effotel.AttrGap].AsInt64(), attrs[effotel.AttrReruns].AsInt64(),
+		attrs[effotel.AttrFenced].AsBool(), attrs[effotel.AttrIsolated].AsBool(),
 		s.Status().Code == codes.Error,
 	}
 }
@@ -122,7 +126,7 @@ func TestSpanPerBatchMatchesStats(t *testing.T) {
 	recorder := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recorder))
 	defer func() { _ = tp.Shutdown(ctx) }()
-	hook := oteltrace.New(oteltrace.Options{TracerProvider: tp, Attributes: []attribute.KeyValue{attribute.String("deployment", "test")}})
+	hook := effotel.New(effotel.Options{TracerProvider: tp, Attributes: []attribute.KeyValue{attribute.String("deployment", "test")}})
 	stats := &consumertest.Counter{}
 	strategy, err := idset.New(idset.Config{})
 	if err != nil {
@@ -147,16 +151,21 @@ func TestSpanPerBatchMatchesStats(t *testing.T) {
 	var total summary
 	errorSpans := 0
 	ids := map[trace.SpanID]bool{}
+	numbers := map[int64]bool{}
 	for _, s := range spans {
-		if s.Name() != oteltrace.SpanName || s.SpanKind() != trace.SpanKindConsumer {
-			t.Errorf("span %q of kind %v, want %q of kind consumer", s.Name(), s.SpanKind(), oteltrace.SpanName)
+		if s.Name() != effotel.SpanName || s.SpanKind() != trace.SpanKindConsumer {
+			t.Errorf("span %q of kind %v, want %q of kind consumer", s.Name(), s.SpanKind(), effotel.SpanName)
 		}
-		if s.InstrumentationScope().Name != oteltrace.ScopeName {
+		if s.InstrumentationScope().Name != effotel.ScopeName {
 			t.Errorf("instrumentation scope %q", s.InstrumentationScope().Name)
 		}
 		ids[s.SpanContext().SpanID()] = true
 		sum := fromSpan(t, s)
 		fromSpans = append(fromSpans, sum)
+		if numbers[sum.batch] || sum.batch < 1 {
+			t.Errorf("batch number %d repeated or not positive", sum.batch)
+		}
+		numbers[sum.batch] = true
 		if sum.failed {
 			errorSpans++
 			if len(s.Events()) == 0 || s.Events()[0].Name != "exception" {
@@ -207,10 +216,11 @@ func TestDefaultsToGlobalProvider(t *testing.T) {
 	otel.SetTracerProvider(tp)
 	defer otel.SetTracerProvider(prev)
 
-	h := oteltrace.New(oteltrace.Options{})
-	ctx := h.BatchStart(context.Background(), "c", "lane-0", 3)
-	h.BatchDone(ctx, &consumer.BatchStats{Consumer: "c", Lane: "lane-0", Size: 3, Parked: 1, Err: errors.New("commit: boom")})
-	h.BatchDone(context.Background(), &consumer.BatchStats{Consumer: "c"}) // not started here: ignored
+	h := effotel.New(effotel.Options{})
+	info := consumer.BatchInfo{Consumer: "c", Strategy: "idset", Lane: "lane-0", Batch: 9, Size: 3}
+	ctx := h.BatchStart(context.Background(), info)
+	h.BatchDone(ctx, &consumer.BatchStats{BatchInfo: info, Parked: 1, Isolated: true, Reruns: 2, Err: errors.New("commit: boom")})
+	h.BatchDone(context.Background(), &consumer.BatchStats{BatchInfo: consumer.BatchInfo{Consumer: "c"}}) // not started here: ignored
 
 	spans := recorder.Ended()
 	if len(spans) != 1 {
@@ -220,13 +230,16 @@ func TestDefaultsToGlobalProvider(t *testing.T) {
 	if s.Status().Code != codes.Error || s.Status().Description != "commit: boom" {
 		t.Errorf("status %+v, want Error with the batch's error", s.Status())
 	}
-	var parked int64 = -1
+	attrs := map[attribute.Key]attribute.Value{}
 	for _, kv := range s.Attributes() {
-		if kv.Key == oteltrace.AttrParked {
-			parked = kv.Value.AsInt64()
+		attrs[kv.Key] = kv.Value
+	}
+	for k, want := range map[attribute.Key]int64{effotel.AttrParked: 1, effotel.AttrReruns: 2, effotel.AttrBatchNumber: 9} {
+		if v, ok := attrs[k]; !ok || v.AsInt64() != want {
+			t.Errorf("%s = %v (set: %v), want %d", k, v.AsInt64(), ok, want)
 		}
 	}
-	if parked != 1 {
-		t.Errorf("effectively.parked = %d, want 1", parked)
+	if got := attrs[effotel.AttrStrategy].AsString(); got != "idset" {
+		t.Errorf("%s = %q, want idset", effotel.AttrStrategy, got)
 	}
 }

@@ -1,4 +1,4 @@
-package prometheus
+package effprom
 
 import (
 	"context"
@@ -36,14 +36,15 @@ const (
 var results = []string{resultOK, resultIsolated, resultFenced, resultError, resultUnknown}
 
 // Metrics turns consumer hook calls into Prometheus metrics. It implements
-// consumer.Hook, consumer.BatchStartHook and consumer.MessageHook, to pass
-// in consumer.Config.Hooks, and prometheus.Collector, to register. It is
-// safe for concurrent use by several consumers.
+// consumer.Hook and consumer.MessageHook, to pass in consumer.Config.Hooks,
+// and prometheus.Collector, to register. It is safe for concurrent use by
+// several consumers.
 type Metrics struct {
 	opts Options
 
 	messages  *prom.CounterVec
 	batches   *prom.CounterVec
+	reruns    *prom.CounterVec
 	size      *prom.HistogramVec
 	duration  *prom.HistogramVec
 	claim     *prom.HistogramVec
@@ -61,10 +62,9 @@ type Metrics struct {
 }
 
 var (
-	_ consumer.Hook           = (*Metrics)(nil)
-	_ consumer.BatchStartHook = (*Metrics)(nil)
-	_ consumer.MessageHook    = (*Metrics)(nil)
-	_ prom.Collector          = (*Metrics)(nil)
+	_ consumer.Hook        = (*Metrics)(nil)
+	_ consumer.MessageHook = (*Metrics)(nil)
+	_ prom.Collector       = (*Metrics)(nil)
 )
 
 // New returns Metrics configured by opts. Register it with a
@@ -90,6 +90,9 @@ func New(opts Options) (*Metrics, error) {
 		batches: counter("batches_total",
 			"Batches by result: ok, isolated (committed after isolating a failing handler), fenced (dropped: the lane has a newer owner) or error (rolled back and redelivered).",
 			labelConsumer, labelResult),
+		reruns: counter("handler_reruns_total",
+			"Handler calls beyond the first for a message within one batch: healthy messages re-run while a failing batch-mate was isolated. Their effects were rolled back; anything a handler did outside the transaction happened again.",
+			labelConsumer),
 		size:     histogram("batch_size", "Messages fetched per batch.", opts.BatchSizeBuckets, labelConsumer),
 		duration: histogram("batch_duration_seconds", "Time from a batch's start to its settlement with the source.", d, labelConsumer),
 		claim:    histogram("claim_duration_seconds", "Time the dedupe strategy spent claiming a batch's keys.", d, labelConsumer, labelStrategy),
@@ -105,7 +108,7 @@ func New(opts Options) (*Metrics, error) {
 			Help: "Messages the consumer is behind its source, per lane, as last reported with SetLag."}, []string{labelConsumer, labelLane}),
 		strategies: newStrategyMetrics(ns, cl),
 	}
-	m.collected = []prom.Collector{m.messages, m.batches, m.size, m.duration, m.claim, m.handle, m.commit, m.ack, m.age, m.parked, m.lag}
+	m.collected = []prom.Collector{m.messages, m.batches, m.reruns, m.size, m.duration, m.claim, m.handle, m.commit, m.ack, m.age, m.parked, m.lag}
 	return m, nil
 }
 
@@ -113,9 +116,9 @@ func New(opts Options) (*Metrics, error) {
 // values the first time the consumer reports, so that rates of outcomes
 // that have not happened yet are 0 rather than missing.
 type series struct {
-	name     string
 	messages map[string]prom.Counter
 	batches  map[string]prom.Counter
+	reruns   prom.Counter
 	size     prom.Observer
 	duration prom.Observer
 	handle   prom.Observer
@@ -129,9 +132,9 @@ func (m *Metrics) seriesOf(name string) *series {
 		return s.(*series)
 	}
 	s := &series{
-		name:     name,
 		messages: make(map[string]prom.Counter, len(outcomes)),
 		batches:  make(map[string]prom.Counter, len(results)),
+		reruns:   m.reruns.WithLabelValues(name),
 		size:     m.size.WithLabelValues(name),
 		duration: m.duration.WithLabelValues(name),
 		handle:   m.handle.WithLabelValues(name),
@@ -149,14 +152,6 @@ func (m *Metrics) seriesOf(name string) *series {
 	return actual.(*series)
 }
 
-type batchKey struct{}
-
-// BatchStart implements consumer.BatchStartHook. It notes the consumer's
-// name in the batch's context for MessageDone.
-func (m *Metrics) BatchStart(ctx context.Context, consumerName, _ string, _ int) context.Context {
-	return context.WithValue(ctx, batchKey{}, m.seriesOf(consumerName))
-}
-
 // BatchDone implements consumer.Hook.
 func (m *Metrics) BatchDone(_ context.Context, st *consumer.BatchStats) {
 	s := m.seriesOf(st.Consumer)
@@ -172,6 +167,9 @@ func (m *Metrics) BatchDone(_ context.Context, st *consumer.BatchStats) {
 	add("retried", st.Retried)
 	add("gap", st.Gap)
 	add("unknown", st.Unknown)
+	if st.Reruns > 0 {
+		s.reruns.Add(float64(st.Reruns))
+	}
 
 	result := resultOK
 	switch {
@@ -205,24 +203,18 @@ func (m *Metrics) BatchDone(_ context.Context, st *consumer.BatchStats) {
 // MessageDone implements consumer.MessageHook. It counts parked messages
 // by reason and observes the age of applied messages whose source reports
 // when it accepted them.
-func (m *Metrics) MessageDone(ctx context.Context, msg *consumer.Message, o consumer.Outcome, err error) {
-	if o == consumer.OutcomeParked {
+func (m *Metrics) MessageDone(_ context.Context, e consumer.MessageEvent) {
+	if e.Outcome == consumer.OutcomeParked {
 		var pe *consumer.ParkedError
-		if errors.As(err, &pe) {
-			if s, ok := ctx.Value(batchKey{}).(*series); ok {
-				m.parked.WithLabelValues(s.name, pe.Reason).Inc()
-			}
+		if errors.As(e.Err, &pe) {
+			m.parked.WithLabelValues(e.Consumer, pe.Reason).Inc()
 		}
 		return
 	}
-	if o != consumer.OutcomeApplied || msg.Time.IsZero() {
+	if e.Outcome != consumer.OutcomeApplied || e.Message.Time.IsZero() {
 		return
 	}
-	s, ok := ctx.Value(batchKey{}).(*series)
-	if !ok {
-		return // BatchStart was not called with this context
-	}
-	s.age.Observe(time.Since(msg.Time).Seconds())
+	m.seriesOf(e.Consumer).age.Observe(time.Since(e.Message.Time).Seconds())
 }
 
 // Describe implements prometheus.Collector.

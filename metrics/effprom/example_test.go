@@ -1,4 +1,4 @@
-package prometheus_test
+package effprom_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/dedupe/highwater"
-	"github.com/effectively-once/effectively/metrics/prometheus"
+	"github.com/effectively-once/effectively/metrics/effprom"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	prom "github.com/prometheus/client_golang/prometheus"
@@ -21,7 +21,7 @@ func ExampleNew() {
 	var pool *pgxpool.Pool                                            // your database
 	var src consumer.Source = consumertest.New(consumertest.Config{}) // your Kafka or SQS source
 
-	metrics, err := prometheus.New(prometheus.Options{ConstLabels: map[string]string{"service": "billing"}})
+	metrics, err := effprom.New(effprom.Options{ConstLabels: map[string]string{"service": "billing"}})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func ExampleNew() {
 
 // Report lag per lane from wherever it is known.
 func ExampleMetrics_SetLag() {
-	metrics, err := prometheus.New(prometheus.Options{})
+	metrics, err := effprom.New(effprom.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}

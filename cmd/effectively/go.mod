@@ -1,0 +1,37 @@
+module github.com/effectively-once/effectively/cmd/effectively
+
+go 1.26.0
+
+// The core and cli are named at a placeholder version and replaced with
+// this tree (below) until they are tagged. A release names their tagged
+// versions here and drops the replace directives: go install of this
+// command at a version refuses a module that has any.
+
+require github.com/effectively-once/effectively/cli v0.0.0-00010101000000-000000000000
+
+require (
+	github.com/bits-and-blooms/bitset v1.24.2 // indirect
+	github.com/bits-and-blooms/bloom/v3 v3.7.1 // indirect
+	github.com/effectively-once/effectively v0.0.0-00010101000000-000000000000 // indirect
+	github.com/inconshreveable/mousetrap v1.1.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/pgx/v5 v5.12.0 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/pierrec/lz4/v4 v4.1.33 // indirect
+	github.com/segmentio/kafka-go v0.4.51 // indirect
+	github.com/spf13/cobra v1.10.2 // indirect
+	github.com/spf13/pflag v1.0.9 // indirect
+	github.com/xdg-go/pbkdf2 v1.0.0 // indirect
+	github.com/xdg-go/scram v1.1.2 // indirect
+	github.com/xdg-go/stringprep v1.0.4 // indirect
+	golang.org/x/sync v0.23.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+)
+
+// The core and cli, from this tree.
+replace (
+	github.com/effectively-once/effectively => ../..
+	github.com/effectively-once/effectively/cli => ../../cli
+)

@@ -1,0 +1,26 @@
+// Package effotel traces a consumer's batches with OpenTelemetry: one
+// span per batch, named "effectively.batch", of kind consumer. It lives in
+// its own package so that the core carries no dependency on OpenTelemetry.
+//
+//	tracer := effotel.New(effotel.Options{TracerProvider: tp})
+//	c, err := consumer.New(db, src, consumer.Config{..., Hooks: []consumer.Hook{tracer}})
+//
+// The span starts when the batch starts and ends once the batch is settled
+// with its source. Its context is the context of the batch's work, so spans
+// the handler starts from its ctx (database calls traced through pgx's
+// tracer hooks, say) are its children.
+//
+// At start the span carries effectively.consumer, effectively.strategy,
+// effectively.lane, effectively.batch_number (the consumer's number for the
+// batch, consumer.BatchInfo.Batch) and effectively.messages (also as
+// messaging.batch.message_count); at the end, the outcome counts
+// effectively.applied, effectively.duplicate, effectively.mismatch,
+// effectively.parked, effectively.retried and effectively.gap, the flags
+// effectively.fenced and effectively.isolated, effectively.reruns (handler
+// calls beyond the first for a message within the batch, while a failing
+// one was isolated: consumer.BatchStats.Reruns), and the phase durations
+// in seconds (effectively.claim_seconds, effectively.handle_seconds,
+// effectively.commit_seconds, effectively.ack_seconds). A batch that rolled
+// back (BatchStats.Err, which includes a fenced batch) records the error and
+// sets the span's status to Error.
+package effotel
