@@ -16,11 +16,11 @@ import (
 // (when it can tell which one failed), or the loss of the connection.
 // It returns the items whose handler call outlasted IdleTxTimeout.
 func (c *Consumer) handleAll(ctx context.Context, tx pgx.Tx, news []*item, st *BatchStats) (slow []*item, err error) {
+	t := time.Now()
+	defer func() { st.Handle += time.Since(t) }()
 	if len(news) == 0 {
 		return nil, nil
 	}
-	t := time.Now()
-	defer func() { st.Handle += time.Since(t) }()
 	idle := c.cfg.IdleTxTimeout
 	if c.cfg.BatchHandler != nil {
 		if err := c.callBatch(ctx, tx, news); err != nil {
