@@ -13,15 +13,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// DB is what a Consumer needs of PostgreSQL; *pgxpool.Pool has it.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // Consumer runs the loop: fetch a batch from a lane, claim its keys and run
 // the handler in one transaction, commit, then acknowledge.
 type Consumer struct {
-	db           DB
+	db           dedupe.DB
 	src          Source
 	txsrc        TxSource
 	cfg          Config
@@ -29,8 +24,7 @@ type Consumer struct {
 	committer    dedupe.Committer
 	checker      dedupe.KeyChecker
 	sequenced    bool
-	keepRetrying bool      // the source's broker takes exhausted messages
-	upkeepDB     dedupe.DB // for the strategy's maintenance and warm-up
+	keepRetrying bool // the source's broker takes exhausted messages
 	waits        *waits
 	parkedTable  string
 	idleSQL      string // run after BEGIN in every batch transaction
@@ -43,7 +37,7 @@ type Consumer struct {
 
 // New returns a Consumer reading from src and writing through db. It fills
 // cfg's defaults and returns an error wrapping ErrInvalidConfig for a bad value.
-func New(db DB, src Source, cfg Config) (*Consumer, error) {
+func New(db dedupe.DB, src Source, cfg Config) (*Consumer, error) {
 	if db == nil {
 		return nil, &ConfigError{Field: "db", Reason: "is nil"}
 	}
@@ -63,14 +57,6 @@ func New(db DB, src Source, cfg Config) (*Consumer, error) {
 		idleSQL:     idleSQL(cfg.IdleTxTimeout),
 	}
 	c.txsrc, _ = src.(TxSource)
-	_, maintains := cfg.Strategy.(dedupe.Maintainer)
-	_, warms := cfg.Strategy.(dedupe.Warmer)
-	if maintains || warms {
-		var ok bool
-		if c.upkeepDB, ok = db.(dedupe.DB); !ok {
-			return nil, &ConfigError{Field: "db", Reason: fmt.Sprintf("strategy %s runs maintenance, which needs Exec as well as Begin (*pgxpool.Pool has both)", cfg.Strategy.Name())}
-		}
-	}
 	c.committer, _ = cfg.Strategy.(dedupe.Committer)
 	c.checker, _ = cfg.Strategy.(dedupe.KeyChecker)
 	if sq, ok := cfg.Strategy.(dedupe.Sequencer); ok {
@@ -221,7 +207,7 @@ func (c *Consumer) preflight(ctx context.Context) error {
 		return fmt.Errorf("consumer: table %s does not exist: call Migrate first", c.parkedTable)
 	}
 	if m, ok := c.cfg.Strategy.(dedupe.Maintainer); ok {
-		if err := m.Maintain(ctx, c.upkeepDB); err != nil {
+		if err := m.Maintain(ctx, c.db); err != nil {
 			return fmt.Errorf("consumer: %s maintenance: %w", c.cfg.Strategy.Name(), err)
 		}
 	}
@@ -241,7 +227,7 @@ func (c *Consumer) preflight(ctx context.Context) error {
 // startBackground runs the strategy's maintenance and warm-up, if it has
 // any, until ctx is done.
 func (c *Consumer) startBackground(ctx context.Context, wg *sync.WaitGroup) {
-	db := c.upkeepDB
+	db := c.db
 	if m, ok := c.cfg.Strategy.(dedupe.Maintainer); ok {
 		wg.Add(1)
 		go func() {

@@ -177,7 +177,7 @@ func (r *RedriveResult) add(it RedriveItem) {
 // Redrive is safe while consumers of the same scope run. It returns an
 // error only when it cannot go on (the database is unreachable, the table
 // missing, ctx done), together with what it did until then.
-func Redrive(ctx context.Context, db DB, cfg RedriveConfig) (RedriveResult, error) {
+func Redrive(ctx context.Context, db dedupe.DB, cfg RedriveConfig) (RedriveResult, error) {
 	var res RedriveResult
 	if db == nil {
 		return res, &ConfigError{Field: "db", Reason: "is nil"}
@@ -219,7 +219,7 @@ func (c *Consumer) Redrive(ctx context.Context, f RedriveFilter) (RedriveResult,
 }
 
 type redriver struct {
-	db        DB
+	db        dedupe.DB
 	cfg       RedriveConfig
 	table     string
 	committer dedupe.Committer

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Verdict is a strategy's decision about one key.
@@ -96,13 +95,6 @@ type Retainer interface {
 // the migration lines that create them, for use with Migrate.
 type Migrator interface {
 	Migrations() []Line
-}
-
-// DB is what a strategy's background work needs of the database;
-// *pgxpool.Pool has it.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
 // Maintainer is implemented by strategies whose storage needs upkeep while

@@ -143,7 +143,7 @@ func (s *Strategy) liveFrom(now time.Time) time.Time {
 // Migrate applies the strategy's migrations (dedupe.Migrate with the
 // configured schema) and then runs Maintain once, so that Claim can be
 // called. db is usually a *pgxpool.Pool.
-func (s *Strategy) Migrate(ctx context.Context, db DB) error {
+func (s *Strategy) Migrate(ctx context.Context, db dedupe.DB) error {
 	if _, err := dedupe.Migrate(ctx, db, s.cfg.Schema, s.Migrations()...); err != nil {
 		return err
 	}

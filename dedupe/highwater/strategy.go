@@ -104,7 +104,7 @@ func (s *Strategy) Migrations() []dedupe.Line {
 
 // Migrate applies the strategy's migrations that db has not applied yet
 // (see dedupe.Migrate). Consumers apply them with their own Migrate.
-func (s *Strategy) Migrate(ctx context.Context, db dedupe.TxBeginner) error {
+func (s *Strategy) Migrate(ctx context.Context, db dedupe.DB) error {
 	_, err := dedupe.Migrate(ctx, db, s.cfg.Schema, s.Migrations()...)
 	return err
 }

@@ -86,7 +86,7 @@ func (s *Strategy) Migrations() []dedupe.Line {
 
 // Migrate creates or upgrades the markers table, recording the applied
 // versions in the configured schema's migrations table.
-func (s *Strategy) Migrate(ctx context.Context, db dedupe.TxBeginner) error {
+func (s *Strategy) Migrate(ctx context.Context, db dedupe.DB) error {
 	if _, err := dedupe.Migrate(ctx, db, s.cfg.Schema, s.Migrations()...); err != nil {
 		return fmt.Errorf("idset: %w", err)
 	}

@@ -62,7 +62,7 @@ var (
 // New validates cfg and returns a Source. db holds the offsets table; it may
 // be nil only with cfg.KafkaOffsetsOnly. The source joins the group on the
 // first Fetch.
-func New(db DB, cfg Config) (*Source, error) {
+func New(db dedupe.DB, cfg Config) (*Source, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err

@@ -70,7 +70,7 @@ func TestMigrationSQLQuotesIdentifiers(t *testing.T) {
 	}
 }
 
-type noDB struct{ DB }
+type noDB struct{ dedupe.DB }
 
 func TestMessageFields(t *testing.T) {
 	e := newEnv(t, 2)
