@@ -39,10 +39,10 @@ type Consumer struct {
 // cfg's defaults and returns an error wrapping ErrInvalidConfig for a bad value.
 func New(db dedupe.DB, src Source, cfg Config) (*Consumer, error) {
 	if db == nil {
-		return nil, &ConfigError{Field: "db", Reason: "is nil"}
+		return nil, dedupe.ConfigErrorf("consumer", "db", "must not be nil")
 	}
 	if src == nil {
-		return nil, &ConfigError{Field: "src", Reason: "is nil"}
+		return nil, dedupe.ConfigErrorf("consumer", "src", "must not be nil")
 	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {

@@ -80,7 +80,7 @@ func (c RedriveConfig) withDefaults() RedriveConfig {
 		c.Schema = dedupe.DefaultSchema
 	}
 	if c.ParkedTable == "" {
-		c.ParkedTable = "parked"
+		c.ParkedTable = DefaultParkedTable
 	}
 	if c.Logger == nil {
 		c.Logger = logx.Default()
@@ -89,7 +89,7 @@ func (c RedriveConfig) withDefaults() RedriveConfig {
 }
 
 func (c RedriveConfig) validate() error {
-	bad := func(field, reason string) error { return &ConfigError{Field: field, Reason: reason} }
+	bad := func(field, reason string) error { return dedupe.ConfigErrorf("consumer", field, "%s", reason) }
 	switch {
 	case c.Scope == "":
 		return bad("Scope", "is required (or Name)")
@@ -180,7 +180,7 @@ func (r *RedriveResult) add(it RedriveItem) {
 func Redrive(ctx context.Context, db dedupe.DB, cfg RedriveConfig) (RedriveResult, error) {
 	var res RedriveResult
 	if db == nil {
-		return res, &ConfigError{Field: "db", Reason: "is nil"}
+		return res, &ConfigError{Package: "consumer", Field: "db", Reason: "must not be nil"}
 	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {

@@ -97,7 +97,7 @@ func (s *Strategy) Migrations() []dedupe.Line {
 			"schema":              s.cfg.Schema,
 			"marks":               s.cfg.Table,
 			"advances":            s.cfg.AdvancesTable,
-			"advances_sender_idx": s.cfg.AdvancesTable + "_sender_idx",
+			"advances_sender_idx": s.cfg.AdvancesTable + advancesIndexSuffix,
 		},
 	}}
 }

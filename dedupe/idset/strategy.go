@@ -103,13 +103,13 @@ func (s *Strategy) MigrationSQL() (string, error) {
 // would exceed PostgreSQL's identifier limit (which would otherwise
 // truncate it silently, so that two long table names could collide).
 func indexName(table, suffix string) string {
-	if len(table)+len(suffix) <= maxIdentLen {
+	if len(table)+len(suffix) <= dedupe.MaxIdentifierLen {
 		return table + suffix
 	}
 	h := fnv.New32a()
 	h.Write([]byte(table))
 	tag := fmt.Sprintf("_%08x", h.Sum32())
-	keep := maxIdentLen - len(suffix) - len(tag)
+	keep := dedupe.MaxIdentifierLen - len(suffix) - len(tag)
 	for keep > 0 && !utf8.RuneStart(table[keep]) {
 		keep--
 	}

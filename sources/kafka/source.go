@@ -82,7 +82,7 @@ func New(db dedupe.DB, cfg Config) (*Source, error) {
 	}
 	if !cfg.KafkaOffsetsOnly {
 		if db == nil {
-			return nil, &ConfigError{Field: "db", Reason: "a database is required unless KafkaOffsetsOnly is set"}
+			return nil, &ConfigError{Package: "kafka", Field: "db", Reason: "a database is required unless KafkaOffsetsOnly is set"}
 		}
 		s.store = newOffsetStore(db, cfg.Group, cfg.Schema, cfg.OffsetsTable)
 	}

@@ -88,7 +88,7 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 			return nil, fmt.Errorf("sqs: load AWS configuration: %w", err)
 		}
 		if awsCfg.Region == "" {
-			return nil, &ConfigError{Field: "Region", Reason: "not set, and the AWS default configuration chain has none (set AWS_REGION or Config.Region)"}
+			return nil, &ConfigError{Package: "sqs", Field: "Region", Reason: "not set, and the AWS default configuration chain has none (set AWS_REGION or Config.Region)"}
 		}
 		client = sqs.NewFromConfig(awsCfg, func(o *sqs.Options) {
 			if cfg.Endpoint != "" {
@@ -116,7 +116,7 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 		return nil, err
 	}
 	if cfg.UseQueueRedrive && s.maxReceiveCount == 0 {
-		return nil, &ConfigError{Field: "UseQueueRedrive", Reason: fmt.Sprintf("queue %s has no RedrivePolicy to leave exhausted messages to", s.url)}
+		return nil, &ConfigError{Package: "sqs", Field: "UseQueueRedrive", Reason: fmt.Sprintf("queue %s has no RedrivePolicy to leave exhausted messages to", s.url)}
 	}
 	if !s.fifo {
 		for i := 0; i < cfg.Receivers; i++ {
