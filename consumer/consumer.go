@@ -16,18 +16,15 @@ import (
 // Consumer runs the loop: fetch a batch from a lane, claim its keys and run
 // the handler in one transaction, commit, then acknowledge.
 type Consumer struct {
-	db           dedupe.DB
-	src          Source
-	txsrc        TxSource
-	cfg          Config
-	log          *slog.Logger
-	committer    dedupe.Committer
-	checker      dedupe.KeyChecker
-	sequenced    bool
-	keepRetrying bool // the source's broker takes exhausted messages
-	waits        *waits
-	parkedTable  string
-	idleSQL      string // run after BEGIN in every batch transaction
+	capabilities // of the strategy and the source, resolved by New
+
+	db          dedupe.DB
+	src         Source
+	cfg         Config
+	log         *slog.Logger
+	waits       *waits
+	parkedTable string
+	idleSQL     string // run after BEGIN in every batch transaction
 
 	startHooks []BatchStartHook
 	msgHooks   []MessageHook
@@ -55,16 +52,9 @@ func New(db dedupe.DB, src Source, cfg Config) (*Consumer, error) {
 		log:         cfg.Logger.With("consumer", cfg.Name),
 		parkedTable: pgx.Identifier{cfg.Schema, cfg.ParkedTable}.Sanitize(),
 		idleSQL:     idleSQL(cfg.IdleTxTimeout),
-	}
-	c.txsrc, _ = src.(TxSource)
-	c.committer, _ = cfg.Strategy.(dedupe.Committer)
-	c.checker, _ = cfg.Strategy.(dedupe.KeyChecker)
-	if sq, ok := cfg.Strategy.(dedupe.Sequencer); ok {
-		c.sequenced = sq.Sequenced()
-	}
-	c.waits = newWaits()
-	if es, ok := src.(ExhaustionSource); ok {
-		c.keepRetrying = !es.ParkExhausted()
+		waits:       newWaits(),
+
+		capabilities: resolveCapabilities(cfg.Strategy, src),
 	}
 	for _, h := range cfg.Hooks {
 		if sh, ok := h.(BatchStartHook); ok {
@@ -85,11 +75,11 @@ func (c *Consumer) Config() Config { return c.cfg }
 // offsets), theirs.
 func (c *Consumer) Migrations() []dedupe.Line {
 	lines := []dedupe.Line{ParkedLine(c.cfg.Schema, c.cfg.ParkedTable)}
-	if m, ok := c.cfg.Strategy.(dedupe.Migrator); ok {
-		lines = append(lines, m.Migrations()...)
+	if c.migrator != nil {
+		lines = append(lines, c.migrator.Migrations()...)
 	}
-	if m, ok := c.src.(dedupe.Migrator); ok {
-		lines = append(lines, m.Migrations()...)
+	if c.srcMigrator != nil {
+		lines = append(lines, c.srcMigrator.Migrations()...)
 	}
 	return lines
 }
@@ -206,17 +196,17 @@ func (c *Consumer) preflight(ctx context.Context) error {
 	if !exists {
 		return fmt.Errorf("consumer: table %s does not exist: call Migrate first", c.parkedTable)
 	}
-	if m, ok := c.cfg.Strategy.(dedupe.Maintainer); ok {
-		if err := m.Maintain(ctx, c.db); err != nil {
+	if c.maintainer != nil {
+		if err := c.maintainer.Maintain(ctx, c.db); err != nil {
 			return fmt.Errorf("consumer: %s maintenance: %w", c.cfg.Strategy.Name(), err)
 		}
 	}
-	if r, ok := c.cfg.Strategy.(dedupe.Retainer); ok {
-		if h, ok := c.src.(HorizonSource); ok && r.Retention() > 0 && h.RedeliveryHorizon() > r.Retention() {
+	if r := c.retainer; r != nil {
+		if h := c.horizon; h != nil && r.Retention() > 0 && h.RedeliveryHorizon() > r.Retention() {
 			c.log.Warn("dedupe retention is shorter than the source's redelivery horizon: a message redelivered after its marker expired would be applied again",
 				"retention", r.Retention(), "redelivery_horizon", h.RedeliveryHorizon())
 		}
-		if cs, ok := c.src.(ContentIDSource); ok && cs.ContentIDWindow() > 0 && r.Retention() > cs.ContentIDWindow() {
+		if cs := c.contentIDs; cs != nil && cs.ContentIDWindow() > 0 && r.Retention() > cs.ContentIDWindow() {
 			c.log.Warn("the source's default dedupe IDs are hashes of the payload, which its broker forgets after its window: a deliberate resend of the same payload after the window is dropped as a duplicate for the whole dedupe retention (give each message its own ID, or a KeyFunc that tells resends apart)",
 				"window", cs.ContentIDWindow(), "retention", r.Retention())
 		}
@@ -227,21 +217,20 @@ func (c *Consumer) preflight(ctx context.Context) error {
 // startBackground runs the strategy's maintenance and warm-up, if it has
 // any, until ctx is done.
 func (c *Consumer) startBackground(ctx context.Context, wg *sync.WaitGroup) {
-	db := c.db
-	if m, ok := c.cfg.Strategy.(dedupe.Maintainer); ok {
+	if m := c.maintainer; m != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := m.RunMaintenance(ctx, db); err != nil && ctx.Err() == nil {
+			if err := m.RunMaintenance(ctx, c.db); err != nil && ctx.Err() == nil {
 				c.log.Error("strategy maintenance stopped", "strategy", c.cfg.Strategy.Name(), "err", err)
 			}
 		}()
 	}
-	if w, ok := c.cfg.Strategy.(dedupe.Warmer); ok {
+	if w := c.warmer; w != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := w.Warm(ctx, db); err != nil && ctx.Err() == nil {
+			if err := w.Warm(ctx, c.db); err != nil && ctx.Err() == nil {
 				c.log.Error("strategy warm-up failed; it keeps answering by probing the store", "strategy", c.cfg.Strategy.Name(), "err", err)
 			}
 		}()

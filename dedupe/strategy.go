@@ -52,6 +52,11 @@ func (v Verdict) String() string {
 // second blocks until the first ends and then sees its outcome.
 //
 // A Strategy is safe for concurrent use by several transactions.
+//
+// The optional interfaces that follow (KeyChecker, Sequencer, Committer,
+// Retainer, Migrator, Maintainer, Warmer) add to it; the package
+// documentation lists who implements each and what the consumer does with
+// it.
 type Strategy interface {
 	// Name identifies the strategy in logs and metrics ("idset", "highwater", …).
 	Name() string

@@ -54,10 +54,12 @@ type Strategy struct {
 }
 
 var (
-	_ dedupe.Strategy  = (*Strategy)(nil)
-	_ dedupe.Committer = (*Strategy)(nil)
-	_ dedupe.Retainer  = (*Strategy)(nil)
-	_ dedupe.Migrator  = (*Strategy)(nil)
+	_ dedupe.Strategy   = (*Strategy)(nil)
+	_ dedupe.Committer  = (*Strategy)(nil)
+	_ dedupe.Retainer   = (*Strategy)(nil)
+	_ dedupe.Migrator   = (*Strategy)(nil)
+	_ dedupe.Maintainer = (*Strategy)(nil)
+	_ dedupe.Warmer     = (*Strategy)(nil)
 )
 
 // New returns a Strategy for cfg, or an error wrapping

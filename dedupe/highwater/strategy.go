@@ -32,9 +32,11 @@ type Strategy struct {
 }
 
 var (
-	_ dedupe.Strategy  = (*Strategy)(nil)
-	_ dedupe.Committer = (*Strategy)(nil)
-	_ dedupe.Migrator  = (*Strategy)(nil)
+	_ dedupe.Strategy   = (*Strategy)(nil)
+	_ dedupe.Committer  = (*Strategy)(nil)
+	_ dedupe.Migrator   = (*Strategy)(nil)
+	_ dedupe.KeyChecker = (*Strategy)(nil)
+	_ dedupe.Sequencer  = (*Strategy)(nil)
 )
 
 // New returns a Strategy for cfg, or a *dedupe.ConfigError (matching

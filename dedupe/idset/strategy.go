@@ -31,9 +31,10 @@ type Strategy struct {
 }
 
 var (
-	_ dedupe.Strategy = (*Strategy)(nil)
-	_ dedupe.Retainer = (*Strategy)(nil)
-	_ dedupe.Migrator = (*Strategy)(nil)
+	_ dedupe.Strategy   = (*Strategy)(nil)
+	_ dedupe.Retainer   = (*Strategy)(nil)
+	_ dedupe.Migrator   = (*Strategy)(nil)
+	_ dedupe.Maintainer = (*Strategy)(nil) // consumers run the sweeper through it
 )
 
 // New returns a Strategy for cfg, after filling in defaults and validating

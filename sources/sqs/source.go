@@ -64,9 +64,10 @@ type lane struct {
 }
 
 var (
-	_ consumer.Source          = (*Source)(nil)
-	_ consumer.HorizonSource   = (*Source)(nil)
-	_ consumer.ContentIDSource = (*Source)(nil)
+	_ consumer.Source           = (*Source)(nil)
+	_ consumer.HorizonSource    = (*Source)(nil)
+	_ consumer.ContentIDSource  = (*Source)(nil)
+	_ consumer.ExhaustionSource = (*Source)(nil)
 )
 
 // New checks cfg, looks the queue up (its URL, whether it is FIFO, its
