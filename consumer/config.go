@@ -234,11 +234,17 @@ func (c Config) validate() error {
 	if err := dedupe.Validate(dedupe.Key{Scope: c.Scope}, 0); err != nil {
 		return bad("Scope", "%v", err)
 	}
-	if err := dedupe.ValidateIdentifier(c.Schema, 0); err != nil {
-		return bad("Schema", "%v", err)
+	return validateParkedTable(c.Schema, c.ParkedTable)
+}
+
+// validateParkedTable checks the parked table's schema and name, leaving
+// room for its indexes' names.
+func validateParkedTable(schema, table string) error {
+	if err := dedupe.ValidateIdentifier(schema, 0); err != nil {
+		return dedupe.ConfigErrorf("consumer", "Schema", "%v", err)
 	}
-	if err := dedupe.ValidateIdentifier(c.ParkedTable, parkedIndexReserve); err != nil {
-		return bad("ParkedTable", "%v", err)
+	if err := dedupe.ValidateIdentifier(table, parkedIndexReserve); err != nil {
+		return dedupe.ConfigErrorf("consumer", "ParkedTable", "%v", err)
 	}
 	return nil
 }

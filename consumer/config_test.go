@@ -1,6 +1,7 @@
 package consumer_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -55,6 +56,13 @@ func TestConfigTables(t *testing.T) {
 	}
 	if _, err := consumer.New(nil, broker, base); !errors.Is(err, consumer.ErrInvalidConfig) {
 		t.Errorf("New(nil db) = %v, want ErrInvalidConfig", err)
+	}
+	// Redrive checks the same table names before it reaches the database.
+	_, err = consumer.Redrive(context.Background(), noDB{}, consumer.RedriveConfig{
+		Name: "x", Strategy: s, Handler: insertEffect, ParkedTable: strings.Repeat("p", 47)})
+	var ce *consumer.ConfigError
+	if !errors.As(err, &ce) || ce.Field != "ParkedTable" {
+		t.Errorf("Redrive with a long ParkedTable = %v, want a ConfigError for it", err)
 	}
 }
 

@@ -104,7 +104,7 @@ func (c RedriveConfig) validate() error {
 	case c.MaxKeyLen < 0:
 		return bad("MaxKeyLen", fmt.Sprintf("must not be negative, got %d", c.MaxKeyLen))
 	}
-	return nil
+	return validateParkedTable(c.Schema, c.ParkedTable)
 }
 
 // Redrive outcomes, in RedriveItem.Outcome.
