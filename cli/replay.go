@@ -11,7 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/effectively-once/effectively/dedupe"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 )
@@ -268,12 +268,8 @@ type storedOffset struct {
 	gen  int32
 }
 
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // storedOffsets reads the group's rows for parts; with lock, it locks them.
-func (a *app) storedOffsets(ctx context.Context, pool *pgxpool.Pool, q querier, group, topic string, parts []int, lock bool) (map[int]storedOffset, error) {
+func (a *app) storedOffsets(ctx context.Context, pool *pgxpool.Pool, q dedupe.DB, group, topic string, parts []int, lock bool) (map[int]storedOffset, error) {
 	var exists bool
 	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, a.offsetsIdent()).Scan(&exists); err != nil {
 		return nil, err

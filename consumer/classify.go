@@ -43,7 +43,7 @@ func Classify(ctx context.Context, tx pgx.Tx, cfg Config, msgs []*Message) ([]Cl
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	p := newPath(cfg, cfg.Logger)
+	p := newPath(cfg, cfg.Logger, nil)
 	items := make([]*item, len(msgs))
 	for i, m := range msgs {
 		items[i] = &item{m: m}

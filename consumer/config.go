@@ -1,7 +1,6 @@
 package consumer
 
 import (
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -20,6 +19,29 @@ const (
 	// MismatchPark parks the message for a person to look at.
 	MismatchPark
 )
+
+// Defaults of the Config fields.
+const (
+	DefaultMaxKeyLen       = dedupe.DefaultMaxIDLen
+	DefaultBatchSize       = 100
+	DefaultConcurrency     = 4
+	DefaultMaxAttempts     = 10
+	DefaultRetryBackoff    = time.Second
+	DefaultMaxRetryBackoff = 5 * time.Minute
+	DefaultGapDelay        = time.Second
+	DefaultGapMaxAttempts  = 60
+	DefaultSchema          = dedupe.DefaultSchema
+	DefaultParkedTable     = "parked"
+	DefaultShutdownTimeout = 30 * time.Second
+	DefaultIdleTxTimeout   = 10 * time.Second
+)
+
+// MaxBatchSize is the largest Config.BatchSize accepted.
+const MaxBatchSize = 10000
+
+// parkedIndexReserve is the room ParkedTable leaves for the longest suffix
+// of its indexes' names (see ParkedLine).
+const parkedIndexReserve = len("_message_hash_idx")
 
 // Config configures a Consumer. The zero value of every field but Name,
 // Strategy and one of Handler or BatchHandler is a usable default.
@@ -42,40 +64,49 @@ type Config struct {
 	// detection. Defaults to false: fingerprints are on.
 	NoFingerprint bool
 	// MaxKeyLen is the longest dedupe ID (and sender), in bytes; longer keys
-	// are parked. Defaults to 512.
+	// are parked. Defaults to 512 (DefaultMaxKeyLen).
 	MaxKeyLen int
 
 	// BatchSize is the most messages fetched and committed in one
-	// transaction. Defaults to 100.
+	// transaction. At most MaxBatchSize. Defaults to 100 (DefaultBatchSize).
 	BatchSize int
 	// Concurrency is how many batches (of different lanes) run at once.
-	// Defaults to 4.
+	// Defaults to 4 (DefaultConcurrency).
 	Concurrency int
 
 	// MaxAttempts is how many times a failing message is tried before it is
 	// parked. Attempts are counted from the source's delivery count
 	// (Message.Attempt), less the deliveries this process saw the message
 	// spend waiting (on a sequence gap, behind an earlier message of its
-	// sender, or in a batch that rolled back as a whole). Defaults to 10.
+	// sender, or in a batch that rolled back as a whole). Defaults to 10
+	// (DefaultMaxAttempts).
 	MaxAttempts int
 	// RetryBackoff is the delay before the second attempt; it doubles with
-	// each attempt, with jitter. Defaults to 1s.
+	// each attempt, with jitter. Defaults to 1s (DefaultRetryBackoff).
 	RetryBackoff time.Duration
-	// MaxRetryBackoff caps the delay between attempts. Defaults to 5m.
+	// MaxRetryBackoff caps the delay between attempts. Defaults to 5m
+	// (DefaultMaxRetryBackoff).
 	MaxRetryBackoff time.Duration
 	// GapDelay is how long a message that arrived ahead of its sequence (a
-	// gap) waits before it is delivered again. Defaults to 1s.
+	// gap) waits before it is delivered again. Defaults to 1s
+	// (DefaultGapDelay).
 	GapDelay time.Duration
 	// GapMaxAttempts is how many deliveries a message may spend waiting for a
-	// gap before it is parked with reason "gap". Defaults to 60.
+	// gap before it is parked with reason "gap". Defaults to 60
+	// (DefaultGapMaxAttempts).
 	GapMaxAttempts int
 	// OnMismatch says what to do with a key reused for another payload.
 	// Defaults to MismatchDuplicate.
 	OnMismatch MismatchPolicy
 
-	// Schema holds the parked-messages table. Defaults to "effectively".
+	// Schema holds the parked-messages table. At most 63 bytes of UTF-8
+	// without NUL bytes, quoted wherever it is used. Defaults to
+	// "effectively" (DefaultSchema).
 	Schema string
-	// ParkedTable is the parked-messages table's name. Defaults to "parked".
+	// ParkedTable is the parked-messages table's name. Its indexes are named
+	// after it with suffixes of up to 17 bytes, so it may be at most 46
+	// bytes (of UTF-8 without NUL bytes). Defaults to "parked"
+	// (DefaultParkedTable).
 	ParkedTable string
 
 	// ShutdownTimeout bounds how long Run waits, after its context is done,
@@ -83,7 +114,7 @@ type Config struct {
 	// the batches' contexts are cancelled and Run returns an error matching
 	// ErrShutdownTimeout without waiting for handlers that ignore their
 	// context: such a batch cannot commit any more, and its messages are
-	// delivered again. Defaults to 30s.
+	// delivered again. Defaults to 30s (DefaultShutdownTimeout).
 	ShutdownTimeout time.Duration
 	// SourceFailureTimeout is how long the source's Fetch may keep failing,
 	// with no batch fetched in between, before Run stops and returns the
@@ -103,7 +134,8 @@ type Config struct {
 	// two statements of its transaction (a slow HTTP call, say) has its
 	// batch fail and retried, counting an attempt: raise the timeout for
 	// it, or better, do such work outside the transaction. A negative
-	// value leaves the server's setting. Defaults to 10s.
+	// value leaves the server's setting. Defaults to 10s
+	// (DefaultIdleTxTimeout).
 	IdleTxTimeout time.Duration
 	// Logger receives the consumer's logs. Defaults to warnings and errors
 	// on stderr (slog.New(slog.DiscardHandler) silences them).
@@ -111,8 +143,6 @@ type Config struct {
 	// Hooks observe batches and messages, for metrics and tracing.
 	Hooks []Hook
 }
-
-const maxBatchSize = 10000
 
 func (c Config) withDefaults() Config {
 	if c.Scope == "" {
@@ -122,40 +152,40 @@ func (c Config) withDefaults() Config {
 		c.KeyFunc = DefaultKey
 	}
 	if c.MaxKeyLen == 0 {
-		c.MaxKeyLen = dedupe.DefaultMaxIDLen
+		c.MaxKeyLen = DefaultMaxKeyLen
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = 100
+		c.BatchSize = DefaultBatchSize
 	}
 	if c.Concurrency == 0 {
-		c.Concurrency = 4
+		c.Concurrency = DefaultConcurrency
 	}
 	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 10
+		c.MaxAttempts = DefaultMaxAttempts
 	}
 	if c.RetryBackoff == 0 {
-		c.RetryBackoff = time.Second
+		c.RetryBackoff = DefaultRetryBackoff
 	}
 	if c.MaxRetryBackoff == 0 {
-		c.MaxRetryBackoff = 5 * time.Minute
+		c.MaxRetryBackoff = DefaultMaxRetryBackoff
 	}
 	if c.GapDelay == 0 {
-		c.GapDelay = time.Second
+		c.GapDelay = DefaultGapDelay
 	}
 	if c.GapMaxAttempts == 0 {
-		c.GapMaxAttempts = 60
+		c.GapMaxAttempts = DefaultGapMaxAttempts
 	}
 	if c.Schema == "" {
-		c.Schema = dedupe.DefaultSchema
+		c.Schema = DefaultSchema
 	}
 	if c.ParkedTable == "" {
-		c.ParkedTable = "parked"
+		c.ParkedTable = DefaultParkedTable
 	}
 	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = 30 * time.Second
+		c.ShutdownTimeout = DefaultShutdownTimeout
 	}
 	if c.IdleTxTimeout == 0 {
-		c.IdleTxTimeout = 10 * time.Second
+		c.IdleTxTimeout = DefaultIdleTxTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = logx.Default()
@@ -165,7 +195,7 @@ func (c Config) withDefaults() Config {
 
 func (c Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+		return dedupe.ConfigErrorf("consumer", field, format, args...)
 	}
 	switch {
 	case c.Name == "":
@@ -178,14 +208,14 @@ func (c Config) validate() error {
 		return bad("Handler", "set only one of Handler and BatchHandler")
 	case c.MaxKeyLen < 0:
 		return bad("MaxKeyLen", "must not be negative, got %d", c.MaxKeyLen)
-	case c.BatchSize < 1 || c.BatchSize > maxBatchSize:
-		return bad("BatchSize", "must be between 1 and %d, got %d", maxBatchSize, c.BatchSize)
+	case c.BatchSize < 1 || c.BatchSize > MaxBatchSize:
+		return bad("BatchSize", "must be between 1 and %d (0 for the default), got %d", MaxBatchSize, c.BatchSize)
 	case c.Concurrency < 1:
-		return bad("Concurrency", "must be at least 1, got %d", c.Concurrency)
+		return bad("Concurrency", "must be at least 1 (0 for the default), got %d", c.Concurrency)
 	case c.MaxAttempts < 1:
-		return bad("MaxAttempts", "must be at least 1, got %d", c.MaxAttempts)
+		return bad("MaxAttempts", "must be at least 1 (0 for the default), got %d", c.MaxAttempts)
 	case c.GapMaxAttempts < 1:
-		return bad("GapMaxAttempts", "must be at least 1, got %d", c.GapMaxAttempts)
+		return bad("GapMaxAttempts", "must be at least 1 (0 for the default), got %d", c.GapMaxAttempts)
 	case c.RetryBackoff < 0:
 		return bad("RetryBackoff", "must not be negative, got %s", c.RetryBackoff)
 	case c.MaxRetryBackoff < 0:
@@ -203,6 +233,18 @@ func (c Config) validate() error {
 	}
 	if err := dedupe.Validate(dedupe.Key{Scope: c.Scope}, 0); err != nil {
 		return bad("Scope", "%v", err)
+	}
+	return validateParkedTable(c.Schema, c.ParkedTable)
+}
+
+// validateParkedTable checks the parked table's schema and name, leaving
+// room for its indexes' names.
+func validateParkedTable(schema, table string) error {
+	if err := dedupe.ValidateIdentifier(schema, 0); err != nil {
+		return dedupe.ConfigErrorf("consumer", "Schema", "%v", err)
+	}
+	if err := dedupe.ValidateIdentifier(table, parkedIndexReserve); err != nil {
+		return dedupe.ConfigErrorf("consumer", "ParkedTable", "%v", err)
 	}
 	return nil
 }

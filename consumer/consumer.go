@@ -12,24 +12,18 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// DB is what a Consumer needs of PostgreSQL; *pgxpool.Pool has it.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // Consumer runs the loop: fetch a batch from a lane, claim its keys and run
 // the handler in one transaction, commit, then acknowledge.
 type Consumer struct {
-	db           DB
-	src          Source
-	txsrc        TxSource
-	path         // the one path from a message's key to its handler
-	sequenced    bool
-	keepRetrying bool      // the source's broker takes exhausted messages
-	upkeepDB     dedupe.DB // for the strategy's maintenance and warm-up
-	waits        *waits
-	parkedTable  string
-	idleSQL      string // run after BEGIN in every batch transaction
+	// path is the one path from a message's key to its handler, with the
+	// capabilities of the strategy and the source, resolved by New.
+	path
+
+	db          dedupe.DB
+	src         Source
+	waits       *waits
+	parkedTable string
+	idleSQL     string // run after BEGIN in every batch transaction
 
 	startHooks []BatchStartHook
 	msgHooks   []MessageHook
@@ -40,12 +34,12 @@ type Consumer struct {
 
 // New returns a Consumer reading from src and writing through db. It fills
 // cfg's defaults and returns an error wrapping ErrInvalidConfig for a bad value.
-func New(db DB, src Source, cfg Config) (*Consumer, error) {
+func New(db dedupe.DB, src Source, cfg Config) (*Consumer, error) {
 	if db == nil {
-		return nil, &ConfigError{Field: "db", Reason: "is nil"}
+		return nil, dedupe.ConfigErrorf("consumer", "db", "must not be nil")
 	}
 	if src == nil {
-		return nil, &ConfigError{Field: "src", Reason: "is nil"}
+		return nil, dedupe.ConfigErrorf("consumer", "src", "must not be nil")
 	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -54,25 +48,10 @@ func New(db DB, src Source, cfg Config) (*Consumer, error) {
 	c := &Consumer{
 		db:          db,
 		src:         src,
-		path:        newPath(cfg, cfg.Logger.With("consumer", cfg.Name)),
+		path:        newPath(cfg, cfg.Logger.With("consumer", cfg.Name), src),
 		parkedTable: pgx.Identifier{cfg.Schema, cfg.ParkedTable}.Sanitize(),
 		idleSQL:     idleSQL(cfg.IdleTxTimeout),
-	}
-	c.txsrc, _ = src.(TxSource)
-	_, maintains := cfg.Strategy.(dedupe.Maintainer)
-	_, warms := cfg.Strategy.(dedupe.Warmer)
-	if maintains || warms {
-		var ok bool
-		if c.upkeepDB, ok = db.(dedupe.DB); !ok {
-			return nil, &ConfigError{Field: "db", Reason: fmt.Sprintf("strategy %s runs maintenance, which needs Exec as well as Begin (*pgxpool.Pool has both)", cfg.Strategy.Name())}
-		}
-	}
-	if sq, ok := cfg.Strategy.(dedupe.Sequencer); ok {
-		c.sequenced = sq.Sequenced()
-	}
-	c.waits = newWaits()
-	if es, ok := src.(ExhaustionSource); ok {
-		c.keepRetrying = !es.ParkExhausted()
+		waits:       newWaits(),
 	}
 	for _, h := range cfg.Hooks {
 		if sh, ok := h.(BatchStartHook); ok {
@@ -93,11 +72,11 @@ func (c *Consumer) Config() Config { return c.cfg }
 // offsets), theirs.
 func (c *Consumer) Migrations() []dedupe.Line {
 	lines := []dedupe.Line{ParkedLine(c.cfg.Schema, c.cfg.ParkedTable)}
-	if m, ok := c.cfg.Strategy.(dedupe.Migrator); ok {
-		lines = append(lines, m.Migrations()...)
+	if c.migrator != nil {
+		lines = append(lines, c.migrator.Migrations()...)
 	}
-	if m, ok := c.src.(dedupe.Migrator); ok {
-		lines = append(lines, m.Migrations()...)
+	if c.srcMigrator != nil {
+		lines = append(lines, c.srcMigrator.Migrations()...)
 	}
 	return lines
 }
@@ -214,17 +193,17 @@ func (c *Consumer) preflight(ctx context.Context) error {
 	if !exists {
 		return fmt.Errorf("consumer: table %s does not exist: call Migrate first", c.parkedTable)
 	}
-	if m, ok := c.cfg.Strategy.(dedupe.Maintainer); ok {
-		if err := m.Maintain(ctx, c.upkeepDB); err != nil {
+	if c.maintainer != nil {
+		if err := c.maintainer.Maintain(ctx, c.db); err != nil {
 			return fmt.Errorf("consumer: %s maintenance: %w", c.cfg.Strategy.Name(), err)
 		}
 	}
-	if r, ok := c.cfg.Strategy.(dedupe.Retainer); ok {
-		if h, ok := c.src.(HorizonSource); ok && r.Retention() > 0 && h.RedeliveryHorizon() > r.Retention() {
+	if r := c.retainer; r != nil {
+		if h := c.horizon; h != nil && r.Retention() > 0 && h.RedeliveryHorizon() > r.Retention() {
 			c.log.Warn("dedupe retention is shorter than the source's redelivery horizon: a message redelivered after its marker expired would be applied again",
 				"retention", r.Retention(), "redelivery_horizon", h.RedeliveryHorizon())
 		}
-		if cs, ok := c.src.(ContentIDSource); ok && cs.ContentIDWindow() > 0 && r.Retention() > cs.ContentIDWindow() {
+		if cs := c.contentIDs; cs != nil && cs.ContentIDWindow() > 0 && r.Retention() > cs.ContentIDWindow() {
 			c.log.Warn("the source's default dedupe IDs are hashes of the payload, which its broker forgets after its window: a deliberate resend of the same payload after the window is dropped as a duplicate for the whole dedupe retention (give each message its own ID, or a KeyFunc that tells resends apart)",
 				"window", cs.ContentIDWindow(), "retention", r.Retention())
 		}
@@ -235,21 +214,20 @@ func (c *Consumer) preflight(ctx context.Context) error {
 // startBackground runs the strategy's maintenance and warm-up, if it has
 // any, until ctx is done.
 func (c *Consumer) startBackground(ctx context.Context, wg *sync.WaitGroup) {
-	db := c.upkeepDB
-	if m, ok := c.cfg.Strategy.(dedupe.Maintainer); ok {
+	if m := c.maintainer; m != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := m.RunMaintenance(ctx, db); err != nil && ctx.Err() == nil {
+			if err := m.RunMaintenance(ctx, c.db); err != nil && ctx.Err() == nil {
 				c.log.Error("strategy maintenance stopped", "strategy", c.cfg.Strategy.Name(), "err", err)
 			}
 		}()
 	}
-	if w, ok := c.cfg.Strategy.(dedupe.Warmer); ok {
+	if w := c.warmer; w != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := w.Warm(ctx, db); err != nil && ctx.Err() == nil {
+			if err := w.Warm(ctx, c.db); err != nil && ctx.Err() == nil {
 				c.log.Error("strategy warm-up failed; it keeps answering by probing the store", "strategy", c.cfg.Strategy.Name(), "err", err)
 			}
 		}()

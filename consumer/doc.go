@@ -76,5 +76,35 @@
 // *IdleTxError rather than delivered again for ever; keep such waits out of
 // the transaction, or raise the timeout.
 //
+// # Optional interfaces of a source
+//
+// A Source may also implement the interfaces below (the strategy's are
+// listed in package dedupe's documentation). New finds them once, with the
+// strategy's, and each source of this module asserts the ones it
+// implements at compile time (var _ consumer.ExhaustionSource =
+// (*Source)(nil)), so that a drifting signature fails to build instead of
+// silently turning a feature off.
+//
+//   - TxSource (sources/kafka, for its offsets kept in Postgres):
+//     BeforeCommit runs in every batch transaction after the batch's
+//     messages were settled in it; an error wrapping ErrFenced rolls the
+//     batch back and drops it, since another consumer owns the lane.
+//   - HorizonSource (sources/kafka: the topics' retention; sources/sqs: the
+//     queue's retention period): at start-up the consumer warns when the
+//     strategy's retention (dedupe.Retainer) is shorter, since a message
+//     redelivered after its marker expired would be applied again.
+//   - ContentIDSource (sources/sqs, on a FIFO queue with content-based
+//     deduplication): at start-up the consumer warns when the strategy's
+//     retention is longer than the broker's deduplication window, since a
+//     deliberate resend of the same payload would be dropped.
+//   - ExhaustionSource (sources/sqs with UseQueueRedrive): when
+//     ParkExhausted is false, a message whose attempts are used up is not
+//     parked but handed back, for the broker's dead-letter queue to take.
+//   - dedupe.Migrator (sources/kafka, for its offsets table): Migrations and
+//     Migrate include its migration lines.
+//
+// Hooks are resolved the same way: a Hook that is also a BatchStartHook or
+// a MessageHook gets those calls too.
+//
 // Package consumertest provides an in-memory at-least-once broker for tests.
 package consumer

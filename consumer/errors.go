@@ -3,6 +3,8 @@ package consumer
 import (
 	"errors"
 	"fmt"
+
+	"github.com/effectively-once/effectively/dedupe"
 )
 
 var (
@@ -11,8 +13,10 @@ var (
 	ErrFenced = errors.New("consumer: lane fenced by a newer owner")
 	// ErrPermanent is matched by errors made with Permanent.
 	ErrPermanent = errors.New("consumer: permanent failure")
-	// ErrInvalidConfig is matched by every error New returns for a bad Config.
-	ErrInvalidConfig = errors.New("consumer: invalid config")
+	// ErrInvalidConfig is matched by every error New returns for a bad
+	// Config. It is dedupe.ErrInvalidConfig, matched by the configuration
+	// errors of every package of the library.
+	ErrInvalidConfig = dedupe.ErrInvalidConfig
 	// ErrSourceDone is returned (wrapped) by the Fetch of a finite source,
 	// such as a replay of a fixed range, once every message it holds was
 	// handed out and settled, and none awaits redelivery. Run then lets the
@@ -65,18 +69,9 @@ type PanicError struct {
 
 func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v", e.Value) }
 
-// ConfigError reports a bad Config value.
-type ConfigError struct {
-	Field  string
-	Reason string
-}
-
-func (e *ConfigError) Error() string {
-	return fmt.Sprintf("consumer: invalid config: %s: %s", e.Field, e.Reason)
-}
-
-// Is makes errors.Is(err, ErrInvalidConfig) true.
-func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+// ConfigError reports a bad Config value, with Package "consumer". It is
+// the library's one configuration error, dedupe.ConfigError.
+type ConfigError = dedupe.ConfigError
 
 // ParkedError is the error MessageHook.MessageDone receives for a parked
 // message: why it was parked (one of the Reason constants) and the error

@@ -17,10 +17,8 @@ type keyer struct {
 	checker dedupe.KeyChecker // the strategy's own rules, if it has any
 }
 
-func newKeyer(cfg Config) keyer {
-	k := keyer{fn: cfg.KeyFunc, scope: cfg.Scope, noFP: cfg.NoFingerprint, maxLen: cfg.MaxKeyLen}
-	k.checker, _ = cfg.Strategy.(dedupe.KeyChecker)
-	return k
+func newKeyer(cfg Config, checker dedupe.KeyChecker) keyer {
+	return keyer{fn: cfg.KeyFunc, scope: cfg.Scope, noFP: cfg.NoFingerprint, maxLen: cfg.MaxKeyLen, checker: checker}
 }
 
 // key derives m's key with the KeyFunc, fills in the scope and the payload

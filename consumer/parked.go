@@ -58,7 +58,7 @@ func ParkedLine(schema, table string) dedupe.Line {
 		schema = dedupe.DefaultSchema
 	}
 	if table == "" {
-		table = "parked"
+		table = DefaultParkedTable
 	}
 	sub, _ := fs.Sub(migrationFiles, "migrations")
 	return dedupe.Line{

@@ -11,16 +11,17 @@ import (
 // run): the key (keys.go), the strategy's claim and what its verdict means
 // (claim.go), and the handler call (handle.go).
 type path struct {
-	cfg       Config
-	log       *slog.Logger
-	keys      keyer
-	committer dedupe.Committer // told what committed, if the strategy caches
+	capabilities // of the strategy, and of the source if there is one
+	cfg          Config
+	log          *slog.Logger
+	keys         keyer
 }
 
-func newPath(cfg Config, log *slog.Logger) path {
-	p := path{cfg: cfg, log: log, keys: newKeyer(cfg)}
-	p.committer, _ = cfg.Strategy.(dedupe.Committer)
-	return p
+// newPath resolves the capabilities of cfg.Strategy and of src, which is
+// nil for work without a source (Redrive, Classify).
+func newPath(cfg Config, log *slog.Logger, src Source) path {
+	caps := resolveCapabilities(cfg.Strategy, src)
+	return path{capabilities: caps, cfg: cfg, log: log, keys: newKeyer(cfg, caps.checker)}
 }
 
 // committed tells the strategy which verdicts committed.

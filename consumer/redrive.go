@@ -103,31 +103,31 @@ func (r *RedriveResult) add(it RedriveItem) {
 // Redrive is safe while consumers of the same scope run. It returns an
 // error only when it cannot go on (the database is unreachable, the table
 // missing, ctx done), together with what it did until then.
-func Redrive(ctx context.Context, db DB, cfg Config, f RedriveFilter) (RedriveResult, error) {
+func Redrive(ctx context.Context, db dedupe.DB, cfg Config, f RedriveFilter) (RedriveResult, error) {
 	var res RedriveResult
 	if db == nil {
-		return res, &ConfigError{Field: "db", Reason: "is nil"}
+		return res, &ConfigError{Package: "consumer", Field: "db", Reason: "must not be nil"}
 	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return res, err
 	}
 	if f.Limit < 0 {
-		return res, &ConfigError{Field: "RedriveFilter.Limit", Reason: fmt.Sprintf("must not be negative, got %d", f.Limit)}
+		return res, dedupe.ConfigErrorf("consumer", "RedriveFilter.Limit", "must not be negative, got %d", f.Limit)
 	}
-	return redrive(ctx, db, newPath(cfg, cfg.Logger), f)
+	return redrive(ctx, db, newPath(cfg, cfg.Logger, nil), f)
 }
 
 // Redrive runs the consumer's parked messages selected by f through its
 // handler again; see the function Redrive.
 func (c *Consumer) Redrive(ctx context.Context, f RedriveFilter) (RedriveResult, error) {
 	if f.Limit < 0 {
-		return RedriveResult{}, &ConfigError{Field: "RedriveFilter.Limit", Reason: fmt.Sprintf("must not be negative, got %d", f.Limit)}
+		return RedriveResult{}, dedupe.ConfigErrorf("consumer", "RedriveFilter.Limit", "must not be negative, got %d", f.Limit)
 	}
 	return redrive(ctx, c.db, c.path, f)
 }
 
-func redrive(ctx context.Context, db DB, p path, f RedriveFilter) (RedriveResult, error) {
+func redrive(ctx context.Context, db dedupe.DB, p path, f RedriveFilter) (RedriveResult, error) {
 	var res RedriveResult
 	r := &redriver{db: db, path: p, filter: f, table: pgx.Identifier{p.cfg.Schema, p.cfg.ParkedTable}.Sanitize()}
 	ids, err := r.selectIDs(ctx)
@@ -149,7 +149,7 @@ func redrive(ctx context.Context, db DB, p path, f RedriveFilter) (RedriveResult
 }
 
 type redriver struct {
-	db     DB
+	db     dedupe.DB
 	path   path
 	filter RedriveFilter
 	table  string

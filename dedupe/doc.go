@@ -17,4 +17,44 @@
 // Tables are created by numbered SQL migrations embedded in each package and
 // applied with Migrate, or printed with MigrationSQL for a DBA to review.
 // Schema and table names are configurable and always quoted.
+//
+// # Optional interfaces
+//
+// A Strategy may also implement the interfaces below. consumer.New finds
+// them once, and each strategy of this module asserts the ones it
+// implements at compile time (var _ dedupe.Maintainer = (*Strategy)(nil)),
+// so that a drifting signature fails to build instead of silently turning a
+// feature off. A new strategy should do the same.
+//
+//   - KeyChecker (highwater): the consumer checks every key before the
+//     claim, and parks a message whose key the strategy cannot store
+//     (reason invalid_key) instead of failing its whole batch.
+//   - Sequencer (highwater, true in Monotonic mode): the consumer holds a
+//     sender's later messages back while an earlier one awaits redelivery,
+//     since applying the later one first would make the earlier one look
+//     like a duplicate.
+//   - Committer (highwater's cache of marks, bloom's filters): after each
+//     COMMIT the consumer reports the verdicts that committed, so in-memory
+//     state never runs ahead of the database.
+//   - Retainer (idset, bloom: markers that expire): at start-up the
+//     consumer compares Retention with its source's redelivery horizon and
+//     content-ID window (consumer.HorizonSource, consumer.ContentIDSource)
+//     and warns when a marker could expire before the message is delivered
+//     again, or outlive the broker's memory of a payload.
+//   - Migrator (idset, highwater, bloom): Consumer.Migrations and
+//     Consumer.Migrate include its migration lines; so does the CLI.
+//   - Maintainer (idset: the retention sweeper, unless
+//     idset.Config.ManualSweep; bloom: creating and dropping partitions):
+//     the consumer calls Maintain before its first claim (Run fails if it
+//     does), then runs RunMaintenance in the background until Run returns,
+//     logging an error if it stops early.
+//   - Warmer (bloom: loading the filters of closed slices): the consumer
+//     runs Warm in the background when Run starts; claims are correct
+//     before it finishes, only slower.
+//
+// Every package that reaches PostgreSQL takes a DB, which *pgxpool.Pool,
+// *pgx.Conn and pgx.Tx all satisfy. Bad configuration is reported with a
+// *ConfigError matching ErrInvalidConfig in every package of the module,
+// and schema and table names from configuration are checked with
+// ValidateIdentifier.
 package dedupe

@@ -82,17 +82,11 @@ func (l Line) Render(schema string) ([]Migration, error) {
 	return out, nil
 }
 
-// TxBeginner is what Migrate needs of a database: *pgxpool.Pool, *pgx.Conn
-// and pgx.Tx all have it.
-type TxBeginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // Migrate applies the migrations of lines that are not yet applied, in one
 // transaction, holding an advisory lock so that processes starting together
 // do not race. It creates schema and its migrations table when missing.
 // It returns the migrations it applied.
-func Migrate(ctx context.Context, db TxBeginner, schema string, lines ...Line) ([]Migration, error) {
+func Migrate(ctx context.Context, db DB, schema string, lines ...Line) ([]Migration, error) {
 	if schema == "" {
 		schema = DefaultSchema
 	}

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Verdict is a strategy's decision about one key.
@@ -53,6 +52,11 @@ func (v Verdict) String() string {
 // second blocks until the first ends and then sees its outcome.
 //
 // A Strategy is safe for concurrent use by several transactions.
+//
+// The optional interfaces that follow (KeyChecker, Sequencer, Committer,
+// Retainer, Migrator, Maintainer, Warmer) add to it; the package
+// documentation lists who implements each and what the consumer does with
+// it.
 type Strategy interface {
 	// Name identifies the strategy in logs and metrics ("idset", "highwater", …).
 	Name() string
@@ -96,13 +100,6 @@ type Retainer interface {
 // the migration lines that create them, for use with Migrate.
 type Migrator interface {
 	Migrations() []Line
-}
-
-// DB is what a strategy's background work needs of the database;
-// *pgxpool.Pool has it.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
 // Maintainer is implemented by strategies whose storage needs upkeep while

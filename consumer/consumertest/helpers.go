@@ -18,11 +18,6 @@ import (
 // making and migrating it, running it in the background, counting what its
 // batches report, and reading the effects and parked rows it left.
 
-// Querier runs a query; *pgxpool.Pool, *pgx.Conn and pgx.Tx are Queriers.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // Logger returns a debug-level text logger on stderr when the TEST_LOG
 // environment variable is set, and nil (a quiet consumer) otherwise.
 func Logger() *slog.Logger {
@@ -34,7 +29,7 @@ func Logger() *slog.Logger {
 
 // NewConsumer makes a consumer with consumer.New and applies its migrations,
 // failing tb if either fails.
-func NewConsumer(tb testing.TB, db consumer.DB, src consumer.Source, cfg consumer.Config) *consumer.Consumer {
+func NewConsumer(tb testing.TB, db dedupe.DB, src consumer.Source, cfg consumer.Config) *consumer.Consumer {
 	tb.Helper()
 	c, err := consumer.New(db, src, cfg)
 	if err != nil {
@@ -185,7 +180,7 @@ func (p ParkedRow) String() string {
 // Parked returns the rows of the parked-messages table schema.table in the
 // order they were parked, failing tb if the query fails. schema defaults to
 // "effectively" and table to "parked", as in consumer.Config.
-func Parked(tb testing.TB, db Querier, schema, table string) []ParkedRow {
+func Parked(tb testing.TB, db dedupe.DB, schema, table string) []ParkedRow {
 	tb.Helper()
 	if schema == "" {
 		schema = dedupe.DefaultSchema
@@ -209,7 +204,7 @@ func Parked(tb testing.TB, db Querier, schema, table string) []ParkedRow {
 // EffectCounts returns, for each value of column in table, how many rows
 // have it: with one effect row per applied message, keyed by its ID, that
 // is how many times each message was applied.
-func EffectCounts(tb testing.TB, db Querier, table, column string) map[string]int {
+func EffectCounts(tb testing.TB, db dedupe.DB, table, column string) map[string]int {
 	tb.Helper()
 	col := pgx.Identifier{column}.Sanitize()
 	rows, err := db.Query(context.Background(),

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/dedupe"
 )
 
 // TagHeader is the header the suite gives every message it publishes, with
@@ -83,7 +84,7 @@ type Broker struct {
 	Open func(t *testing.T) consumer.Source
 	// DB holds the state a consumer.TxSource writes in the batch
 	// transaction (Kafka offsets). Required when the source is a TxSource.
-	DB consumer.DB
+	DB dedupe.DB
 	// LoseLanes makes src lose every lane it holds and then get them back,
 	// as in a consumer group rebalance, and returns once the batches src
 	// handed out before are stale. Optional: without it the checks of lost

@@ -54,8 +54,10 @@ func TestConfigValidation(t *testing.T) {
 		"long table":               {Table: strings.Repeat("t", 48)},
 		"nul in schema":            {Schema: "a\x00b"},
 	} {
-		if _, err := bloom.New(cfg); !errors.Is(err, dedupe.ErrInvalidConfig) {
-			t.Errorf("%s: New returned %v, want an ErrInvalidConfig", name, err)
+		_, err := bloom.New(cfg)
+		var ce *dedupe.ConfigError
+		if !errors.Is(err, dedupe.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Package != "bloom" {
+			t.Errorf("%s: New returned %v, want a bloom ConfigError", name, err)
 		}
 	}
 	if _, err := bloom.New(bloom.Config{Table: strings.Repeat("t", 47)}); err != nil {

@@ -1,13 +1,11 @@
 package bloom
 
 import (
-	"fmt"
 	"log/slog"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/internal/logx"
 )
 
 // DefaultTable is the name of the partitioned markers table unless
@@ -27,9 +25,6 @@ const (
 // MaxMaxIDLen is the largest MaxIDLen accepted, so that a key still fits in
 // a PostgreSQL B-tree index entry.
 const MaxMaxIDLen = 1024
-
-// maxIdentLen is PostgreSQL's identifier length limit (NAMEDATALEN - 1).
-const maxIdentLen = 63
 
 // partitionSuffixLen is the length of "_20060102t150405", appended to Table
 // to name a partition.
@@ -81,7 +76,8 @@ type Config struct {
 	// accepts; at most MaxMaxIDLen. Defaults to dedupe.DefaultMaxIDLen.
 	MaxIDLen int
 	// Logger receives maintenance and warm-up reports. Defaults to a logger
-	// that discards everything.
+	// that discards everything: the consumer logs the errors that stop
+	// maintenance or warm-up.
 	Logger *slog.Logger
 }
 
@@ -115,7 +111,7 @@ func (c Config) withDefaults() Config {
 		c.MaxIDLen = dedupe.DefaultMaxIDLen
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
+		c.Logger = logx.Discard()
 	}
 	return c
 }
@@ -123,44 +119,31 @@ func (c Config) withDefaults() Config {
 // validate checks a Config whose defaults are filled in.
 func (c Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return fmt.Errorf("bloom: %w", &dedupe.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)})
+		return dedupe.ConfigErrorf("bloom", field, format, args...)
 	}
-	for _, f := range [...]struct {
-		name, v string
-		max     int
-	}{{"Schema", c.Schema, maxIdentLen}, {"Table", c.Table, maxIdentLen - partitionSuffixLen}} {
-		switch {
-		case len(f.v) > f.max:
-			return bad(f.name, "%q is %d bytes long, over the limit of %d", f.v, len(f.v), f.max)
-		case !utf8.ValidString(f.v):
-			return bad(f.name, "%q is not valid UTF-8", f.v)
-		case strings.IndexByte(f.v, 0) >= 0:
-			return bad(f.name, "%q contains a NUL byte", f.v)
-		}
+	if err := dedupe.ValidateIdentifier(c.Schema, 0); err != nil {
+		return bad("Schema", "%v", err)
+	}
+	if err := dedupe.ValidateIdentifier(c.Table, partitionSuffixLen); err != nil {
+		return bad("Table", "%v", err)
 	}
 	switch {
 	case c.Slice < time.Second:
 		return bad("Slice", "must be at least 1s, got %v", c.Slice)
 	case c.Slice%time.Second != 0:
 		return bad("Slice", "must be a whole number of seconds, got %v", c.Slice)
-	}
-	if c.Retention <= c.Slice {
+	case c.Retention <= c.Slice:
 		return bad("Retention", "must be longer than Slice (%v), got %v", c.Slice, c.Retention)
-	}
-	if c.ExpectedKeysPerSlice < 0 {
-		return bad("ExpectedKeysPerSlice", "must be positive, got %d", c.ExpectedKeysPerSlice)
-	}
-	if !(c.FalsePositiveRate > 0 && c.FalsePositiveRate < 0.5) {
+	case c.ExpectedKeysPerSlice < 0:
+		return bad("ExpectedKeysPerSlice", "must not be negative, got %d", c.ExpectedKeysPerSlice)
+	case !(c.FalsePositiveRate > 0 && c.FalsePositiveRate < 0.5):
 		return bad("FalsePositiveRate", "must be between 0 and 0.5 exclusive, got %v", c.FalsePositiveRate)
-	}
-	if c.PartitionsAhead < 0 {
-		return bad("PartitionsAhead", "must be at least 1, got %d", c.PartitionsAhead)
-	}
-	if c.SealTimeout < 0 {
-		return bad("SealTimeout", "must be positive, got %v", c.SealTimeout)
-	}
-	if c.MaxIDLen < 0 || c.MaxIDLen > MaxMaxIDLen {
-		return bad("MaxIDLen", "must be between 1 and %d, got %d", MaxMaxIDLen, c.MaxIDLen)
+	case c.PartitionsAhead < 0:
+		return bad("PartitionsAhead", "must not be negative, got %d", c.PartitionsAhead)
+	case c.SealTimeout < 0:
+		return bad("SealTimeout", "must not be negative, got %v", c.SealTimeout)
+	case c.MaxIDLen < 0 || c.MaxIDLen > MaxMaxIDLen:
+		return bad("MaxIDLen", "must be between 1 and %d (0 for the default), got %d", MaxMaxIDLen, c.MaxIDLen)
 	}
 	return nil
 }

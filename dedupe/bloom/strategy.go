@@ -54,10 +54,12 @@ type Strategy struct {
 }
 
 var (
-	_ dedupe.Strategy  = (*Strategy)(nil)
-	_ dedupe.Committer = (*Strategy)(nil)
-	_ dedupe.Retainer  = (*Strategy)(nil)
-	_ dedupe.Migrator  = (*Strategy)(nil)
+	_ dedupe.Strategy   = (*Strategy)(nil)
+	_ dedupe.Committer  = (*Strategy)(nil)
+	_ dedupe.Retainer   = (*Strategy)(nil)
+	_ dedupe.Migrator   = (*Strategy)(nil)
+	_ dedupe.Maintainer = (*Strategy)(nil)
+	_ dedupe.Warmer     = (*Strategy)(nil)
 )
 
 // New returns a Strategy for cfg, or an error wrapping
@@ -143,7 +145,7 @@ func (s *Strategy) liveFrom(now time.Time) time.Time {
 // Migrate applies the strategy's migrations (dedupe.Migrate with the
 // configured schema) and then runs Maintain once, so that Claim can be
 // called. db is usually a *pgxpool.Pool.
-func (s *Strategy) Migrate(ctx context.Context, db DB) error {
+func (s *Strategy) Migrate(ctx context.Context, db dedupe.DB) error {
 	if _, err := dedupe.Migrate(ctx, db, s.cfg.Schema, s.Migrations()...); err != nil {
 		return err
 	}

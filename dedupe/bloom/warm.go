@@ -8,6 +8,8 @@ import (
 
 	"github.com/bits-and-blooms/bloom/v3"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/effectively-once/effectively/dedupe"
 )
 
 // progressEvery is how many keys a warm-up loads between progress reports.
@@ -22,7 +24,7 @@ var errSealBusy = errors.New("bloom: claiming transactions stayed in flight long
 // barrier read the clock later, so it wrote to a slice that starts after
 // the returned time's slice begins; every slice that ended at or before the
 // returned time is complete.
-func (s *Strategy) barrier(ctx context.Context, db DB) (time.Time, error) {
+func (s *Strategy) barrier(ctx context.Context, db dedupe.DB) (time.Time, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return time.Time{}, err
@@ -47,7 +49,7 @@ func (s *Strategy) barrier(ctx context.Context, db DB) (time.Time, error) {
 // seal builds, from the store, the filter of every live slice that has
 // closed and is not sealed yet. With open, it also loads the current
 // slice's markers into this process's open filter (a hint).
-func (s *Strategy) seal(ctx context.Context, db DB, open bool) error {
+func (s *Strategy) seal(ctx context.Context, db dedupe.DB, open bool) error {
 	s.sealMu.Lock()
 	defer s.sealMu.Unlock()
 	var todo []time.Time
@@ -99,7 +101,7 @@ func (s *Strategy) seal(ctx context.Context, db DB, open bool) error {
 // load streams the markers of one slice into a new sliceFilter. A sealed
 // slice's filters are sized from the number of markers of each scope; an
 // open slice's from ExpectedKeysPerSlice, since it keeps growing.
-func (s *Strategy) load(ctx context.Context, db DB, start time.Time, sealed bool, done int64) (*sliceFilter, int64, error) {
+func (s *Strategy) load(ctx context.Context, db dedupe.DB, start time.Time, sealed bool, done int64) (*sliceFilter, int64, error) {
 	sf := &sliceFilter{start: start, sealed: sealed, byScope: map[string]*bloom.BloomFilter{}}
 	tx, err := db.Begin(ctx)
 	if err != nil {
@@ -182,7 +184,7 @@ func (s *Strategy) mergeOpen(sf *sliceFilter) {
 // the partitions of every slice without a sealed filter, for every key.
 // Warm waits up to SealTimeout for the claiming transactions in flight and
 // returns an error if they do not finish by then.
-func (s *Strategy) Warm(ctx context.Context, db DB) error {
+func (s *Strategy) Warm(ctx context.Context, db dedupe.DB) error {
 	if s.cfg.DisableFilter {
 		return nil
 	}

@@ -42,15 +42,17 @@ type Config struct {
 	Mode Mode
 	// Schema holds the tables. Defaults to "effectively" (dedupe.DefaultSchema).
 	Schema string
-	// Table is the marks table, one row per (scope, sender). Defaults to "marks".
+	// Table is the marks table, one row per (scope, sender). Defaults to
+	// "marks" (DefaultTable).
 	Table string
-	// AdvancesTable is the audit table of marks moved by Advance. Defaults to
-	// Table + "_advances".
+	// AdvancesTable is the audit table of marks moved by Advance. Its index
+	// is named AdvancesTable + "_sender_idx", so it may be at most 52 bytes.
+	// Defaults to Table + "_advances" (DefaultAdvancesSuffix).
 	AdvancesTable string
 	// CacheSize bounds the in-memory LRU cache of marks, in senders; an
 	// entry takes about 150 bytes with a 20-byte scope and sender and a
 	// fingerprint (some 15 MB for 100,000). A negative value turns the cache
-	// off. Defaults to 100,000.
+	// off. Defaults to 100,000 (DefaultCacheSize).
 	CacheSize int
 	// ReorderWindow is how far ahead of a sender's mark a sequence number may
 	// be and still count as ordinary reordering, in strict mode. A message up
@@ -58,11 +60,12 @@ type Config struct {
 	// until the missing messages arrive. One further ahead is a gap too (it
 	// is still held, never dropped), but it is logged as suspicious and
 	// counted in Stats.FarGaps: the producer may have skipped or reset its
-	// numbering. Defaults to 1,000.
+	// numbering. Defaults to 1,000 (DefaultReorderWindow).
 	ReorderWindow int64
 	// StuckAfter is how long a sender may wait behind a missing seq before
 	// it is logged as stuck, with a warning repeated every StuckAfter while
-	// it stays stuck (checked as claims run). Defaults to 1m.
+	// it stays stuck (checked as claims run). Defaults to 1m
+	// (DefaultStuckAfter).
 	StuckAfter time.Duration
 	// MaxKeyLen is the longest scope and sender, in bytes. Defaults to
 	// dedupe.DefaultMaxIDLen (512).
@@ -72,21 +75,27 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// DefaultCacheSize is the default bound of the marks cache, in senders.
-const DefaultCacheSize = 100_000
+// Defaults of the Config fields.
+const (
+	DefaultTable          = "marks"
+	DefaultAdvancesSuffix = "_advances" // appended to Table
+	DefaultCacheSize      = 100_000
+	DefaultReorderWindow  = 1000
+	DefaultStuckAfter     = time.Minute
+)
 
-// DefaultReorderWindow is the default Config.ReorderWindow.
-const DefaultReorderWindow = 1000
+// advancesIndexSuffix names the advances table's index after it.
+const advancesIndexSuffix = "_sender_idx"
 
 func (c Config) withDefaults() Config {
 	if c.Schema == "" {
 		c.Schema = dedupe.DefaultSchema
 	}
 	if c.Table == "" {
-		c.Table = "marks"
+		c.Table = DefaultTable
 	}
 	if c.AdvancesTable == "" {
-		c.AdvancesTable = c.Table + "_advances"
+		c.AdvancesTable = c.Table + DefaultAdvancesSuffix
 	}
 	if c.CacheSize == 0 {
 		c.CacheSize = DefaultCacheSize
@@ -95,7 +104,7 @@ func (c Config) withDefaults() Config {
 		c.ReorderWindow = DefaultReorderWindow
 	}
 	if c.StuckAfter == 0 {
-		c.StuckAfter = time.Minute
+		c.StuckAfter = DefaultStuckAfter
 	}
 	if c.MaxKeyLen == 0 {
 		c.MaxKeyLen = dedupe.DefaultMaxIDLen
@@ -106,12 +115,17 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// maxIdentLen is PostgreSQL's NAMEDATALEN-1: longer identifiers are truncated.
-const maxIdentLen = 63
-
 func (c Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return &dedupe.ConfigError{Field: "highwater." + field, Reason: fmt.Sprintf(format, args...)}
+		return dedupe.ConfigErrorf("highwater", field, format, args...)
+	}
+	for _, f := range [...]struct {
+		name, v string
+		reserve int
+	}{{"Schema", c.Schema, 0}, {"Table", c.Table, 0}, {"AdvancesTable", c.AdvancesTable, len(advancesIndexSuffix)}} {
+		if err := dedupe.ValidateIdentifier(f.v, f.reserve); err != nil {
+			return bad(f.name, "%v", err)
+		}
 	}
 	switch {
 	case c.Mode > Monotonic:
@@ -124,14 +138,6 @@ func (c Config) validate() error {
 		return bad("MaxKeyLen", "must not be negative, got %d", c.MaxKeyLen)
 	case c.Table == c.AdvancesTable:
 		return bad("AdvancesTable", "must differ from Table %q", c.Table)
-	}
-	for _, f := range [...]struct{ name, v string }{{"Schema", c.Schema}, {"Table", c.Table}, {"AdvancesTable", c.AdvancesTable}} {
-		if len(f.v) > maxIdentLen {
-			return bad(f.name, "%q is %d bytes long; PostgreSQL identifiers are at most %d", f.v, len(f.v), maxIdentLen)
-		}
-		if err := dedupe.Validate(dedupe.Key{Scope: f.v}, maxIdentLen); err != nil {
-			return bad(f.name, "%q is not a usable identifier", f.v)
-		}
 	}
 	return nil
 }

@@ -32,9 +32,11 @@ type Strategy struct {
 }
 
 var (
-	_ dedupe.Strategy  = (*Strategy)(nil)
-	_ dedupe.Committer = (*Strategy)(nil)
-	_ dedupe.Migrator  = (*Strategy)(nil)
+	_ dedupe.Strategy   = (*Strategy)(nil)
+	_ dedupe.Committer  = (*Strategy)(nil)
+	_ dedupe.Migrator   = (*Strategy)(nil)
+	_ dedupe.KeyChecker = (*Strategy)(nil)
+	_ dedupe.Sequencer  = (*Strategy)(nil)
 )
 
 // New returns a Strategy for cfg, or a *dedupe.ConfigError (matching
@@ -97,14 +99,14 @@ func (s *Strategy) Migrations() []dedupe.Line {
 			"schema":              s.cfg.Schema,
 			"marks":               s.cfg.Table,
 			"advances":            s.cfg.AdvancesTable,
-			"advances_sender_idx": s.cfg.AdvancesTable + "_sender_idx",
+			"advances_sender_idx": s.cfg.AdvancesTable + advancesIndexSuffix,
 		},
 	}}
 }
 
 // Migrate applies the strategy's migrations that db has not applied yet
 // (see dedupe.Migrate). Consumers apply them with their own Migrate.
-func (s *Strategy) Migrate(ctx context.Context, db dedupe.TxBeginner) error {
+func (s *Strategy) Migrate(ctx context.Context, db dedupe.DB) error {
 	_, err := dedupe.Migrate(ctx, db, s.cfg.Schema, s.Migrations()...)
 	return err
 }

@@ -273,11 +273,12 @@ func TestConfigErrors(t *testing.T) {
 		{Table: "t", AdvancesTable: "t"},
 		{Table: strings.Repeat("t", 64)},
 		{Schema: "a\x00b"},
+		{Table: strings.Repeat("t", 45)}, // its advances table's index name would be truncated
 	} {
 		_, err := highwater.New(cfg)
 		var ce *dedupe.ConfigError
-		if !errors.Is(err, dedupe.ErrInvalidConfig) || !errors.As(err, &ce) {
-			t.Errorf("New(%+v) = %v, want a ConfigError", cfg, err)
+		if !errors.Is(err, dedupe.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Package != "highwater" {
+			t.Errorf("New(%+v) = %v, want a highwater ConfigError", cfg, err)
 		}
 	}
 	s, err := highwater.New(highwater.Config{})

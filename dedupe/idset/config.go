@@ -1,28 +1,24 @@
 package idset
 
 import (
-	"fmt"
 	"log/slog"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
 )
 
-// DefaultTable is the name of the markers table unless configured otherwise.
-const DefaultTable = "processed"
-
-// DefaultRetention is how long markers are kept unless configured otherwise.
-const DefaultRetention = 7 * 24 * time.Hour
+// Defaults of the Config fields.
+const (
+	DefaultTable         = "processed"
+	DefaultRetention     = 7 * 24 * time.Hour
+	DefaultSweepBatch    = 1000
+	DefaultSweepInterval = time.Minute
+)
 
 // MaxMaxIDLen is the largest MaxIDLen accepted: with scope and ID both at
 // most this long, a key still fits in a PostgreSQL B-tree index entry.
 const MaxMaxIDLen = 1024
-
-// maxIdentLen is PostgreSQL's identifier length limit (NAMEDATALEN - 1).
-const maxIdentLen = 63
 
 // Config configures a Strategy. The zero value is usable.
 type Config struct {
@@ -34,7 +30,7 @@ type Config struct {
 	// Retention is how long a marker is kept before the sweeper deletes
 	// it. It must be longer than the longest time after which the source
 	// can deliver a message again, or a late redelivery is applied twice.
-	// Negative values are rejected. Defaults to 7 days.
+	// Negative values are rejected. Defaults to 7 days (DefaultRetention).
 	Retention time.Duration
 	// RedeliveryHorizon is the longest time after which the source can
 	// deliver a message again (Kafka retention, SQS retention period, …).
@@ -42,10 +38,10 @@ type Config struct {
 	// (unknown: no check).
 	RedeliveryHorizon time.Duration
 	// SweepBatch is the most markers one sweep transaction deletes.
-	// Defaults to 1000.
+	// Defaults to 1000 (DefaultSweepBatch).
 	SweepBatch int
 	// SweepInterval is the pause between sweeps in RunSweeper.
-	// Defaults to 1 minute.
+	// Defaults to 1 minute (DefaultSweepInterval).
 	SweepInterval time.Duration
 	// ManualSweep stops consumers from running the sweeper: sweep with
 	// RunSweeper, Sweep or `effectively sweep` instead. Defaults to false: a
@@ -72,10 +68,10 @@ func (c Config) withDefaults() Config {
 		c.Retention = DefaultRetention
 	}
 	if c.SweepBatch == 0 {
-		c.SweepBatch = 1000
+		c.SweepBatch = DefaultSweepBatch
 	}
 	if c.SweepInterval == 0 {
-		c.SweepInterval = time.Minute
+		c.SweepInterval = DefaultSweepInterval
 	}
 	if c.MaxIDLen == 0 {
 		c.MaxIDLen = dedupe.DefaultMaxIDLen
@@ -89,32 +85,24 @@ func (c Config) withDefaults() Config {
 // validate checks a Config whose defaults are filled in.
 func (c Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return fmt.Errorf("idset: %w", &dedupe.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)})
+		return dedupe.ConfigErrorf("idset", field, format, args...)
 	}
 	for _, f := range [...]struct{ name, v string }{{"Schema", c.Schema}, {"Table", c.Table}} {
-		switch {
-		case len(f.v) > maxIdentLen:
-			return bad(f.name, "%q is %d bytes long, over PostgreSQL's limit of %d", f.v, len(f.v), maxIdentLen)
-		case !utf8.ValidString(f.v):
-			return bad(f.name, "%q is not valid UTF-8", f.v)
-		case strings.IndexByte(f.v, 0) >= 0:
-			return bad(f.name, "%q contains a NUL byte", f.v)
+		if err := dedupe.ValidateIdentifier(f.v, 0); err != nil {
+			return bad(f.name, "%v", err)
 		}
 	}
-	if c.Retention < 0 {
-		return bad("Retention", "must be positive, got %v", c.Retention)
-	}
-	if c.RedeliveryHorizon < 0 {
+	switch {
+	case c.Retention < 0:
+		return bad("Retention", "must not be negative, got %v", c.Retention)
+	case c.RedeliveryHorizon < 0:
 		return bad("RedeliveryHorizon", "must not be negative, got %v", c.RedeliveryHorizon)
-	}
-	if c.SweepBatch < 0 {
-		return bad("SweepBatch", "must be positive, got %d", c.SweepBatch)
-	}
-	if c.SweepInterval < 0 {
-		return bad("SweepInterval", "must be positive, got %v", c.SweepInterval)
-	}
-	if c.MaxIDLen < 0 || c.MaxIDLen > MaxMaxIDLen {
-		return bad("MaxIDLen", "must be between 1 and %d, got %d", MaxMaxIDLen, c.MaxIDLen)
+	case c.SweepBatch < 0:
+		return bad("SweepBatch", "must not be negative, got %d", c.SweepBatch)
+	case c.SweepInterval < 0:
+		return bad("SweepInterval", "must not be negative, got %v", c.SweepInterval)
+	case c.MaxIDLen < 0 || c.MaxIDLen > MaxMaxIDLen:
+		return bad("MaxIDLen", "must be between 1 and %d (0 for the default), got %d", MaxMaxIDLen, c.MaxIDLen)
 	}
 	return nil
 }

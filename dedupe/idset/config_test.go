@@ -46,6 +46,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"Schema", idset.Config{Schema: "a\x00b"}},
 		{"Table", idset.Config{Table: long}},
 		{"Table", idset.Config{Table: "bad\xff"}},
+		{"Table", idset.Config{Table: strings.Repeat("é", 32)}}, // 64 bytes
 	} {
 		s, err := idset.New(tc.cfg)
 		var ce *dedupe.ConfigError
@@ -54,8 +55,10 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			t.Errorf("New(%+v) = %v, nil; want an error for %s", tc.cfg, s, tc.field)
 		case !errors.Is(err, dedupe.ErrInvalidConfig):
 			t.Errorf("New(%+v) = %v, which is not dedupe.ErrInvalidConfig", tc.cfg, err)
-		case !errors.As(err, &ce) || ce.Field != tc.field:
-			t.Errorf("New(%+v) = %v, want a *dedupe.ConfigError for field %s", tc.cfg, err, tc.field)
+		case !errors.As(err, &ce) || ce.Field != tc.field || ce.Package != "idset":
+			t.Errorf("New(%+v) = %v, want a *dedupe.ConfigError for idset's field %s", tc.cfg, err, tc.field)
+		case !strings.HasPrefix(err.Error(), "idset: invalid config: "+tc.field+": "):
+			t.Errorf("New(%+v) = %q, want it to name idset's field %s", tc.cfg, err, tc.field)
 		}
 	}
 }

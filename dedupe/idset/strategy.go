@@ -31,9 +31,10 @@ type Strategy struct {
 }
 
 var (
-	_ dedupe.Strategy = (*Strategy)(nil)
-	_ dedupe.Retainer = (*Strategy)(nil)
-	_ dedupe.Migrator = (*Strategy)(nil)
+	_ dedupe.Strategy   = (*Strategy)(nil)
+	_ dedupe.Retainer   = (*Strategy)(nil)
+	_ dedupe.Migrator   = (*Strategy)(nil)
+	_ dedupe.Maintainer = (*Strategy)(nil) // consumers run the sweeper through it
 )
 
 // New returns a Strategy for cfg, after filling in defaults and validating
@@ -86,7 +87,7 @@ func (s *Strategy) Migrations() []dedupe.Line {
 
 // Migrate creates or upgrades the markers table, recording the applied
 // versions in the configured schema's migrations table.
-func (s *Strategy) Migrate(ctx context.Context, db dedupe.TxBeginner) error {
+func (s *Strategy) Migrate(ctx context.Context, db dedupe.DB) error {
 	if _, err := dedupe.Migrate(ctx, db, s.cfg.Schema, s.Migrations()...); err != nil {
 		return fmt.Errorf("idset: %w", err)
 	}
@@ -103,13 +104,13 @@ func (s *Strategy) MigrationSQL() (string, error) {
 // would exceed PostgreSQL's identifier limit (which would otherwise
 // truncate it silently, so that two long table names could collide).
 func indexName(table, suffix string) string {
-	if len(table)+len(suffix) <= maxIdentLen {
+	if len(table)+len(suffix) <= dedupe.MaxIdentifierLen {
 		return table + suffix
 	}
 	h := fnv.New32a()
 	h.Write([]byte(table))
 	tag := fmt.Sprintf("_%08x", h.Sum32())
-	keep := maxIdentLen - len(suffix) - len(tag)
+	keep := dedupe.MaxIdentifierLen - len(suffix) - len(tag)
 	for keep > 0 && !utf8.RuneStart(table[keep]) {
 		keep--
 	}

@@ -5,17 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/effectively-once/effectively/dedupe"
 )
-
-// Execer runs a statement in its own transaction: *pgxpool.Pool and
-// *pgx.Conn have it. Do not pass a pgx.Tx to the sweeper: every batch is
-// meant to commit on its own, so that no consumer waits on a long delete.
-type Execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
 
 // sweepSQL deletes up to $2 markers older than $1 microseconds. Rows locked
 // by another sweeper are skipped rather than waited for.
@@ -32,7 +23,7 @@ func sweepSQL(table string) string {
 // before the next begins. It stops after a batch that deleted fewer than
 // SweepBatch markers, or when ctx is done, and returns how many markers it
 // deleted in all.
-func (s *Strategy) Sweep(ctx context.Context, db Execer) (deleted int64, err error) {
+func (s *Strategy) Sweep(ctx context.Context, db dedupe.DB) (deleted int64, err error) {
 	retention := s.cfg.Retention.Microseconds()
 	batch := int64(s.cfg.SweepBatch)
 	for {
@@ -55,7 +46,7 @@ func (s *Strategy) Sweep(ctx context.Context, db Execer) (deleted int64, err err
 // until ctx is done, and then returns nil. It logs what it removed at Info
 // level; a failed sweep is logged at Warn level and tried again at the
 // next interval.
-func (s *Strategy) RunSweeper(ctx context.Context, db Execer) error {
+func (s *Strategy) RunSweeper(ctx context.Context, db dedupe.DB) error {
 	ticker := time.NewTicker(s.cfg.SweepInterval)
 	defer ticker.Stop()
 	table := s.cfg.Schema + "." + s.cfg.Table

@@ -20,13 +20,13 @@ import (
 // countingDB passes statements to a real pool and records how many rows
 // each one affected.
 type countingDB struct {
-	pool *pgxpool.Pool
-	mu   sync.Mutex
-	rows []int64
+	*pgxpool.Pool // Begin, Query and QueryRow pass through
+	mu            sync.Mutex
+	rows          []int64
 }
 
 func (c *countingDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	tag, err := c.pool.Exec(ctx, sql, args...)
+	tag, err := c.Pool.Exec(ctx, sql, args...)
 	if err == nil {
 		c.mu.Lock()
 		c.rows = append(c.rows, tag.RowsAffected())
@@ -111,7 +111,7 @@ func TestSweepDeletesExpiredMarkersInBatches(t *testing.T) {
 	// Just inside the retention: kept.
 	backdate(t, pool, table, fresh[:3], 59*time.Minute)
 
-	db := &countingDB{pool: pool}
+	db := &countingDB{Pool: pool}
 	deleted, err := s.Sweep(ctx, db)
 	if err != nil {
 		t.Fatalf("Sweep: %v", err)

@@ -1,4 +1,4 @@
-// Package logx holds the library's default logger.
+// Package logx holds the library's default loggers.
 package logx
 
 import (
@@ -13,4 +13,10 @@ import (
 // to silence it.
 func Default() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// Discard is a logger that drops everything, for components that are quiet
+// unless given a logger.
+func Discard() *slog.Logger {
+	return slog.New(slog.DiscardHandler)
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/internal/kafkatest"
 	"github.com/effectively-once/effectively/pgtest"
@@ -116,7 +117,7 @@ func (a *applied) BatchDone(_ context.Context, s *consumer.BatchStats) {
 }
 
 // runPipeline runs an engine over src until b.N messages were applied.
-func runPipeline(b *testing.B, pool consumer.DB, src consumer.Source, batch int) {
+func runPipeline(b *testing.B, pool dedupe.DB, src consumer.Source, batch int) {
 	b.Helper()
 	strategy, err := idset.New(idset.Config{})
 	if err != nil {
@@ -139,7 +140,7 @@ func runPipeline(b *testing.B, pool consumer.DB, src consumer.Source, batch int)
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 }
 
-func pgExec(db consumer.DB, sql string) (int64, error) {
+func pgExec(db dedupe.DB, sql string) (int64, error) {
 	ctx := context.Background()
 	tx, err := db.Begin(ctx)
 	if err != nil {

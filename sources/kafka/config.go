@@ -3,13 +3,10 @@ package kafka
 import (
 	"context"
 	"crypto/tls"
-	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"time"
 
-	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
 	kafkago "github.com/segmentio/kafka-go"
@@ -19,6 +16,24 @@ import (
 // DefaultIDHeader is the header whose value becomes Message.ID unless
 // Config.IDHeader names another one.
 const DefaultIDHeader = "idempotency-key"
+
+// Defaults of the other Config fields. HeartbeatInterval and RevokeTimeout
+// default to values derived from SessionTimeout and RebalanceTimeout.
+const (
+	DefaultClientID         = "effectively"
+	DefaultDialTimeout      = 10 * time.Second
+	DefaultStartOffset      = kafkago.FirstOffset
+	DefaultMinBytes         = 1
+	DefaultMaxBytes         = 1 << 20
+	DefaultMaxWait          = 500 * time.Millisecond
+	DefaultPartitionBuffer  = 1000
+	DefaultSessionTimeout   = 10 * time.Second
+	DefaultRebalanceTimeout = 30 * time.Second
+	DefaultJoinGroupBackoff = 5 * time.Second
+	DefaultMetadataInterval = 10 * time.Second
+	DefaultSchema           = dedupe.DefaultSchema
+	DefaultOffsetsTable     = "kafka_offsets"
+)
 
 // Config configures a Source. Brokers, Group and Topics are required; every
 // other field's zero value is a usable default.
@@ -44,20 +59,25 @@ type Config struct {
 	// is: use it with TLS. Refused credentials or certificates stop the
 	// consumer (see ErrAuthentication). Defaults to nil: no authentication.
 	SASL sasl.Mechanism
-	// ClientID is sent to the brokers. Defaults to "effectively".
+	// ClientID is sent to the brokers. Defaults to "effectively"
+	// (DefaultClientID).
 	ClientID string
-	// DialTimeout bounds connecting to a broker. Defaults to 10s.
+	// DialTimeout bounds connecting to a broker. Defaults to 10s
+	// (DefaultDialTimeout).
 	DialTimeout time.Duration
 
 	// StartOffset is where a partition starts when neither Postgres nor
 	// Kafka holds an offset for the group: kafkago.FirstOffset (-2) or
 	// kafkago.LastOffset (-1). Defaults to kafkago.FirstOffset.
 	StartOffset int64
-	// MinBytes is the least data a fetch waits for. Defaults to 1.
+	// MinBytes is the least data a fetch waits for. Defaults to 1
+	// (DefaultMinBytes).
 	MinBytes int
-	// MaxBytes is the most data one fetch returns per partition. Defaults to 1 MiB.
+	// MaxBytes is the most data one fetch returns per partition. Defaults to
+	// 1 MiB (DefaultMaxBytes).
 	MaxBytes int
-	// MaxWait is how long a fetch waits for MinBytes. Defaults to 500ms.
+	// MaxWait is how long a fetch waits for MinBytes. Defaults to 500ms
+	// (DefaultMaxWait).
 	MaxWait time.Duration
 	// ReadUncommitted also delivers the records of transactions that were
 	// aborted or are still open. Defaults to false: read-committed, only
@@ -71,7 +91,7 @@ type Config struct {
 	// has no effect beyond that. Use ReadUncommitted for the other level.
 	ReadCommitted bool
 	// PartitionBuffer is how many fetched messages are held per partition
-	// ahead of the consumer. Defaults to 1000.
+	// ahead of the consumer. Defaults to 1000 (DefaultPartitionBuffer).
 	PartitionBuffer int
 
 	// SessionTimeout is how long the coordinator waits for a heartbeat
@@ -83,7 +103,7 @@ type Config struct {
 	// hiccup) is dropped and its partitions move, a rebalance that costs
 	// the whole group up to RevokeTimeout. Brokers refuse values outside
 	// group.min.session.timeout.ms and group.max.session.timeout.ms (6s and
-	// 30 minutes by default). Defaults to 10s.
+	// 30 minutes by default). Defaults to 10s (DefaultSessionTimeout).
 	SessionTimeout time.Duration
 	// HeartbeatInterval is the time between heartbeats; a member notices a
 	// rebalance on its next heartbeat, so every rebalance takes at least
@@ -94,7 +114,8 @@ type Config struct {
 	// rejoin during a rebalance; a member that does not rejoin in time (it
 	// still waits for its batches, see RevokeTimeout) is dropped from the
 	// group. It bounds a rebalance only when a member fails to rejoin: live
-	// members rejoin after their in-flight batches settled. Defaults to 30s.
+	// members rejoin after their in-flight batches settled. Defaults to 30s
+	// (DefaultRebalanceTimeout).
 	RebalanceTimeout time.Duration
 	// RevokeTimeout is how long in-flight batches of revoked partitions may
 	// still commit when a rebalance starts; after it they are abandoned and
@@ -102,7 +123,7 @@ type Config struct {
 	// RebalanceTimeout. Defaults to the smaller of 10s and half of RebalanceTimeout.
 	RevokeTimeout time.Duration
 	// JoinGroupBackoff is the wait before rejoining the group after an
-	// error. Defaults to 5s.
+	// error. Defaults to 5s (DefaultJoinGroupBackoff).
 	JoinGroupBackoff time.Duration
 
 	// MetadataInterval is how often the source reads the metadata of
@@ -111,7 +132,7 @@ type Config struct {
 	// they changed, so new partitions are consumed within about
 	// MetadataInterval plus a rebalance. A topic that does not exist is
 	// logged as a warning naming it, and the other topics are consumed
-	// meanwhile. Defaults to 10s.
+	// meanwhile. Defaults to 10s (DefaultMetadataInterval).
 	MetadataInterval time.Duration
 
 	// OnAssigned, when set, is called with the partitions a generation
@@ -142,9 +163,11 @@ type Config struct {
 	// fencing of consumers whose generation ended, and redeliveries are left
 	// to the dedupe strategy. Defaults to false: offsets are kept in Postgres.
 	KafkaOffsetsOnly bool
-	// Schema holds the offsets table. Defaults to "effectively".
+	// Schema holds the offsets table. Defaults to "effectively"
+	// (DefaultSchema).
 	Schema string
-	// OffsetsTable is the offsets table's name. Defaults to "kafka_offsets".
+	// OffsetsTable is the offsets table's name. Defaults to "kafka_offsets"
+	// (DefaultOffsetsTable).
 	OffsetsTable string
 
 	// Logger receives the source's logs. Defaults to warnings and errors on
@@ -153,75 +176,62 @@ type Config struct {
 }
 
 // ErrInvalidConfig is matched by every error New returns for a bad Config.
-// errors.Is(err, consumer.ErrInvalidConfig) holds for them too.
-var ErrInvalidConfig = errors.New("kafka: invalid config")
+// It is dedupe.ErrInvalidConfig, so consumer.ErrInvalidConfig matches them
+// too.
+var ErrInvalidConfig = dedupe.ErrInvalidConfig
 
-// ConfigError reports a bad Config value.
-type ConfigError struct {
-	Field  string
-	Reason string
-}
-
-func (e *ConfigError) Error() string {
-	return fmt.Sprintf("kafka: invalid config: %s: %s", e.Field, e.Reason)
-}
-
-// Is makes errors.Is(err, ErrInvalidConfig) and
-// errors.Is(err, consumer.ErrInvalidConfig) true.
-func (e *ConfigError) Is(target error) bool {
-	return target == ErrInvalidConfig || target == consumer.ErrInvalidConfig
-}
-
-const maxIdentLen = 63 // PostgreSQL's NAMEDATALEN - 1
+// ConfigError reports a bad Config value, with Package "kafka". It is the
+// library's one configuration error, dedupe.ConfigError.
+type ConfigError = dedupe.ConfigError
 
 func (c Config) withDefaults() Config {
 	if c.ClientID == "" {
-		c.ClientID = "effectively"
+		c.ClientID = DefaultClientID
 	}
 	if c.DialTimeout == 0 {
-		c.DialTimeout = 10 * time.Second
+		c.DialTimeout = DefaultDialTimeout
 	}
 	if c.StartOffset == 0 {
-		c.StartOffset = kafkago.FirstOffset
+		c.StartOffset = DefaultStartOffset
 	}
 	if c.MinBytes == 0 {
-		c.MinBytes = 1
+		c.MinBytes = DefaultMinBytes
 	}
 	if c.MaxBytes == 0 {
-		c.MaxBytes = 1 << 20
+		c.MaxBytes = DefaultMaxBytes
 	}
 	if c.MaxWait == 0 {
-		c.MaxWait = 500 * time.Millisecond
+		c.MaxWait = DefaultMaxWait
 	}
 	if c.PartitionBuffer == 0 {
-		c.PartitionBuffer = 1000
+		c.PartitionBuffer = DefaultPartitionBuffer
 	}
 	if c.SessionTimeout == 0 {
-		c.SessionTimeout = 10 * time.Second
+		c.SessionTimeout = DefaultSessionTimeout
 	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = min(time.Second, c.SessionTimeout/3)
 	}
 	if c.RebalanceTimeout == 0 {
-		c.RebalanceTimeout = 30 * time.Second
+		c.RebalanceTimeout = DefaultRebalanceTimeout
 	}
 	if c.RevokeTimeout == 0 {
 		c.RevokeTimeout = min(10*time.Second, c.RebalanceTimeout/2)
 	}
 	if c.JoinGroupBackoff == 0 {
-		c.JoinGroupBackoff = 5 * time.Second
+		c.JoinGroupBackoff = DefaultJoinGroupBackoff
 	}
 	if c.MetadataInterval == 0 {
-		c.MetadataInterval = 10 * time.Second
+		c.MetadataInterval = DefaultMetadataInterval
 	}
 	if c.IDHeader == "" {
 		c.IDHeader = DefaultIDHeader
 	}
 	if c.Schema == "" {
-		c.Schema = dedupe.DefaultSchema
+		c.Schema = DefaultSchema
 	}
 	if c.OffsetsTable == "" {
-		c.OffsetsTable = "kafka_offsets"
+		c.OffsetsTable = DefaultOffsetsTable
 	}
 	if c.Logger == nil {
 		c.Logger = logx.Default()
@@ -231,7 +241,7 @@ func (c Config) withDefaults() Config {
 
 func (c Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+		return dedupe.ConfigErrorf("kafka", field, format, args...)
 	}
 	if len(c.Brokers) == 0 {
 		return bad("Brokers", "at least one broker address is required")
@@ -294,12 +304,12 @@ func (c Config) validate() error {
 		return bad("JoinGroupBackoff", "must not be negative, got %s", c.JoinGroupBackoff)
 	case c.MetadataInterval < 0:
 		return bad("MetadataInterval", "must not be negative, got %s", c.MetadataInterval)
-	case len(c.Schema) > maxIdentLen:
-		return bad("Schema", "%q is longer than %d bytes", c.Schema, maxIdentLen)
-	case len(c.OffsetsTable) > maxIdentLen:
-		return bad("OffsetsTable", "%q is longer than %d bytes", c.OffsetsTable, maxIdentLen)
-	case strings.IndexByte(c.Schema, 0) >= 0 || strings.IndexByte(c.OffsetsTable, 0) >= 0:
-		return bad("Schema", "identifiers must not contain NUL bytes")
+	}
+	if err := dedupe.ValidateIdentifier(c.Schema, 0); err != nil {
+		return bad("Schema", "%v", err)
+	}
+	if err := dedupe.ValidateIdentifier(c.OffsetsTable, 0); err != nil {
+		return bad("OffsetsTable", "%v", err)
 	}
 	for _, d := range []struct {
 		name string

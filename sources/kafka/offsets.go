@@ -19,15 +19,9 @@ import (
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
-// DB is what the Source needs of a database: *pgxpool.Pool has it.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // offsetStore keeps (group, topic, partition) → next offset, generation.
 type offsetStore struct {
-	db     DB
+	db     dedupe.DB
 	group  string
 	schema string
 	table  string // raw name
@@ -40,7 +34,7 @@ type offsetStore struct {
 // rows locked by a batch transaction are skipped and claimed again later.
 const claimLockTimeout = time.Second
 
-func newOffsetStore(db DB, group, schema, table string) *offsetStore {
+func newOffsetStore(db dedupe.DB, group, schema, table string) *offsetStore {
 	t := pgx.Identifier{schema, table}.Sanitize()
 	st := &offsetStore{
 		db: db, group: group, schema: schema, table: table,

@@ -28,7 +28,7 @@ const readRangeStall = 30 * time.Second
 // after 30 seconds without one.
 func ReadRange(ctx context.Context, cfg Config, topic string, partition int, from, to int64, max int, fn func([]*consumer.Message) error) error {
 	if len(cfg.Brokers) == 0 {
-		return &ConfigError{Field: "Brokers", Reason: "at least one broker address is required"}
+		return &ConfigError{Package: "kafka", Field: "Brokers", Reason: "at least one broker address is required"}
 	}
 	if from < 0 || to < from {
 		return fmt.Errorf("kafka: read range: offsets [%d, %d) are not a range", from, to)

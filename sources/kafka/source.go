@@ -62,7 +62,7 @@ var (
 // New validates cfg and returns a Source. db holds the offsets table; it may
 // be nil only with cfg.KafkaOffsetsOnly. The source joins the group on the
 // first Fetch.
-func New(db DB, cfg Config) (*Source, error) {
+func New(db dedupe.DB, cfg Config) (*Source, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -82,7 +82,7 @@ func New(db DB, cfg Config) (*Source, error) {
 	}
 	if !cfg.KafkaOffsetsOnly {
 		if db == nil {
-			return nil, &ConfigError{Field: "db", Reason: "a database is required unless KafkaOffsetsOnly is set"}
+			return nil, &ConfigError{Package: "kafka", Field: "db", Reason: "a database is required unless KafkaOffsetsOnly is set"}
 		}
 		s.store = newOffsetStore(db, cfg.Group, cfg.Schema, cfg.OffsetsTable)
 	}

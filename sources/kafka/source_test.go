@@ -32,13 +32,15 @@ func TestConfigErrors(t *testing.T) {
 		{"PartitionBuffer", func(c *Config) { c.PartitionBuffer = -1 }},
 		{"ReadUncommitted", func(c *Config) { c.ReadCommitted = true; c.ReadUncommitted = true }},
 		{"OffsetsTable", func(c *Config) { c.OffsetsTable = strings.Repeat("x", 64) }},
+		{"OffsetsTable", func(c *Config) { c.OffsetsTable = "bad\xff" }},
+		{"Schema", func(c *Config) { c.Schema = "a\x00b" }},
 	}
 	for _, tc := range cases {
 		cfg := ok
 		tc.mutate(&cfg)
 		_, err := New(nil, cfg)
 		var ce *ConfigError
-		if !errors.As(err, &ce) || ce.Field != tc.field {
+		if !errors.As(err, &ce) || ce.Field != tc.field || ce.Package != "kafka" {
 			t.Errorf("%s: got %v, want a ConfigError for %s", tc.field, err, tc.field)
 			continue
 		}
@@ -70,7 +72,7 @@ func TestMigrationSQLQuotesIdentifiers(t *testing.T) {
 	}
 }
 
-type noDB struct{ DB }
+type noDB struct{ dedupe.DB }
 
 func TestMessageFields(t *testing.T) {
 	e := newEnv(t, 2)

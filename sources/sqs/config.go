@@ -1,14 +1,12 @@
 package sqs
 
 import (
-	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
 )
 
@@ -16,12 +14,22 @@ import (
 // queue's dedupe ID unless Config.IDAttribute says otherwise.
 const DefaultIDAttribute = "idempotency-key"
 
+// Defaults of the other Config fields. HeartbeatInterval defaults to a
+// third of VisibilityTimeout.
+const (
+	DefaultReceivers         = 4
+	DefaultMaxMessages       = maxPerReceive
+	DefaultWaitTime          = maxWait
+	DefaultVisibilityTimeout = 30 * time.Second
+	DefaultBufferSize        = 100
+	DefaultGroupBatchSize    = 1
+)
+
 // Limits SQS puts on the values below.
 const (
-	maxPerReceive     = 10
-	maxWait           = 20 * time.Second
-	maxVisibility     = 12 * time.Hour
-	defaultVisibility = 30 * time.Second
+	maxPerReceive = 10
+	maxWait       = 20 * time.Second
+	maxVisibility = 12 * time.Hour
 )
 
 // Config configures a Source. Only one of QueueURL and QueueName is required;
@@ -47,19 +55,21 @@ type Config struct {
 	Endpoint string
 
 	// Receivers is how many goroutines long-poll the queue at once. On a
-	// standard queue each receiver is one lane. Defaults to 4.
+	// standard queue each receiver is one lane. Defaults to 4
+	// (DefaultReceivers).
 	Receivers int
 	// MaxMessages is the most messages one ReceiveMessage call asks for,
-	// between 1 and 10. Defaults to 10.
+	// between 1 and 10. Defaults to 10 (DefaultMaxMessages).
 	MaxMessages int
 	// WaitTime is the long-polling wait of one ReceiveMessage call, in whole
 	// seconds from 1s to 20s. Close waits for the polls in progress, so it
-	// can take this long. Defaults to 20s.
+	// can take this long. Defaults to 20s (DefaultWaitTime).
 	WaitTime time.Duration
 	// VisibilityTimeout is asked for on every receive and renewed by the
 	// heartbeat while the source holds a message: how long a message stays
 	// hidden from other workers if this one stops heartbeating (crashes).
-	// Whole seconds between 1s and 12h. Defaults to 30s.
+	// Whole seconds between 1s and 12h. Defaults to 30s
+	// (DefaultVisibilityTimeout).
 	VisibilityTimeout time.Duration
 	// HeartbeatInterval is how often the visibility of held messages is
 	// renewed. It must be shorter than VisibilityTimeout, with room for a
@@ -67,7 +77,8 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	// BufferSize is the most received messages one receiver holds before the
 	// consumer fetches them; the receiver pauses while it is full. Held
-	// messages are kept invisible by the heartbeat. Defaults to 100.
+	// messages are kept invisible by the heartbeat. Defaults to 100
+	// (DefaultBufferSize).
 	BufferSize int
 
 	// GroupBatchSize caps how many messages of one FIFO message group a
@@ -75,7 +86,7 @@ type Config struct {
 	// succeeded even when an earlier one of the same group is retried, so
 	// only 1 keeps a group's order strict across retries. Larger values make
 	// fewer, bigger transactions for busy groups and keep order as long as no
-	// message fails. Defaults to 1.
+	// message fails. Defaults to 1 (DefaultGroupBatchSize).
 	GroupBatchSize int
 
 	// IDAttribute is the message attribute whose value is the default dedupe
@@ -113,46 +124,35 @@ type Config struct {
 }
 
 // ErrInvalidConfig is matched by every error New returns for a bad Config.
-// errors.Is(err, consumer.ErrInvalidConfig) holds for them too.
-var ErrInvalidConfig = errors.New("sqs: invalid config")
+// It is dedupe.ErrInvalidConfig, so consumer.ErrInvalidConfig matches them
+// too.
+var ErrInvalidConfig = dedupe.ErrInvalidConfig
 
-// ConfigError reports a bad Config value.
-type ConfigError struct {
-	Field  string
-	Reason string
-}
-
-func (e *ConfigError) Error() string {
-	return fmt.Sprintf("sqs: invalid config: %s: %s", e.Field, e.Reason)
-}
-
-// Is makes errors.Is(err, ErrInvalidConfig) and
-// errors.Is(err, consumer.ErrInvalidConfig) true.
-func (e *ConfigError) Is(target error) bool {
-	return target == ErrInvalidConfig || target == consumer.ErrInvalidConfig
-}
+// ConfigError reports a bad Config value, with Package "sqs". It is the
+// library's one configuration error, dedupe.ConfigError.
+type ConfigError = dedupe.ConfigError
 
 func (c Config) withDefaults() Config {
 	if c.Receivers == 0 {
-		c.Receivers = 4
+		c.Receivers = DefaultReceivers
 	}
 	if c.MaxMessages == 0 {
-		c.MaxMessages = maxPerReceive
+		c.MaxMessages = DefaultMaxMessages
 	}
 	if c.WaitTime == 0 {
-		c.WaitTime = maxWait
+		c.WaitTime = DefaultWaitTime
 	}
 	if c.VisibilityTimeout == 0 {
-		c.VisibilityTimeout = defaultVisibility
+		c.VisibilityTimeout = DefaultVisibilityTimeout
 	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = c.VisibilityTimeout / 3
 	}
 	if c.BufferSize == 0 {
-		c.BufferSize = 100
+		c.BufferSize = DefaultBufferSize
 	}
 	if c.GroupBatchSize == 0 {
-		c.GroupBatchSize = 1
+		c.GroupBatchSize = DefaultGroupBatchSize
 	}
 	if c.IDAttribute == "" {
 		c.IDAttribute = DefaultIDAttribute
@@ -169,7 +169,7 @@ const minHeartbeatMargin = 500 * time.Millisecond
 
 func (c Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+		return dedupe.ConfigErrorf("sqs", field, format, args...)
 	}
 	whole := func(d time.Duration) bool { return d%time.Second == 0 }
 	switch {
@@ -184,22 +184,22 @@ func (c Config) validate() error {
 	case c.Endpoint != "" && !strings.Contains(c.Endpoint, "://"):
 		return bad("Endpoint", "%q is not a URL such as http://localhost:4566", c.Endpoint)
 	case c.Receivers < 0:
-		return bad("Receivers", "must be at least 1, got %d", c.Receivers)
+		return bad("Receivers", "must be at least 1 (0 for the default), got %d", c.Receivers)
 	case c.MaxMessages < 0 || c.MaxMessages > maxPerReceive:
-		return bad("MaxMessages", "must be between 1 and %d, got %d", maxPerReceive, c.MaxMessages)
+		return bad("MaxMessages", "must be between 1 and %d (0 for the default), got %d", maxPerReceive, c.MaxMessages)
 	case c.WaitTime < time.Second || c.WaitTime > maxWait || !whole(c.WaitTime):
 		return bad("WaitTime", "must be whole seconds from 1s to %s, got %s", maxWait, c.WaitTime)
 	case c.VisibilityTimeout < time.Second || c.VisibilityTimeout > maxVisibility || !whole(c.VisibilityTimeout):
 		return bad("VisibilityTimeout", "must be whole seconds from 1s to %s, got %s", maxVisibility, c.VisibilityTimeout)
 	case c.HeartbeatInterval <= 0:
-		return bad("HeartbeatInterval", "must be positive, got %s", c.HeartbeatInterval)
+		return bad("HeartbeatInterval", "must be positive (0 for the default), got %s", c.HeartbeatInterval)
 	case c.HeartbeatInterval > c.VisibilityTimeout-minHeartbeatMargin:
 		return bad("HeartbeatInterval", "%s cannot beat the visibility timeout of %s: it must be shorter by at least %s, so a renewal arrives before messages become visible again",
 			c.HeartbeatInterval, c.VisibilityTimeout, minHeartbeatMargin)
 	case c.GroupBatchSize < 0:
-		return bad("GroupBatchSize", "must be at least 1, got %d", c.GroupBatchSize)
+		return bad("GroupBatchSize", "must be at least 1 (0 for the default), got %d", c.GroupBatchSize)
 	case c.BufferSize < 0:
-		return bad("BufferSize", "must be at least 1, got %d", c.BufferSize)
+		return bad("BufferSize", "must be at least 1 (0 for the default), got %d", c.BufferSize)
 	}
 	return nil
 }

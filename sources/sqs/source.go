@@ -64,9 +64,10 @@ type lane struct {
 }
 
 var (
-	_ consumer.Source          = (*Source)(nil)
-	_ consumer.HorizonSource   = (*Source)(nil)
-	_ consumer.ContentIDSource = (*Source)(nil)
+	_ consumer.Source           = (*Source)(nil)
+	_ consumer.HorizonSource    = (*Source)(nil)
+	_ consumer.ContentIDSource  = (*Source)(nil)
+	_ consumer.ExhaustionSource = (*Source)(nil)
 )
 
 // New checks cfg, looks the queue up (its URL, whether it is FIFO, its
@@ -88,7 +89,7 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 			return nil, fmt.Errorf("sqs: load AWS configuration: %w", err)
 		}
 		if awsCfg.Region == "" {
-			return nil, &ConfigError{Field: "Region", Reason: "not set, and the AWS default configuration chain has none (set AWS_REGION or Config.Region)"}
+			return nil, &ConfigError{Package: "sqs", Field: "Region", Reason: "not set, and the AWS default configuration chain has none (set AWS_REGION or Config.Region)"}
 		}
 		client = sqs.NewFromConfig(awsCfg, func(o *sqs.Options) {
 			if cfg.Endpoint != "" {
@@ -116,7 +117,7 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 		return nil, err
 	}
 	if cfg.UseQueueRedrive && s.maxReceiveCount == 0 {
-		return nil, &ConfigError{Field: "UseQueueRedrive", Reason: fmt.Sprintf("queue %s has no RedrivePolicy to leave exhausted messages to", s.url)}
+		return nil, &ConfigError{Package: "sqs", Field: "UseQueueRedrive", Reason: fmt.Sprintf("queue %s has no RedrivePolicy to leave exhausted messages to", s.url)}
 	}
 	if !s.fifo {
 		for i := 0; i < cfg.Receivers; i++ {

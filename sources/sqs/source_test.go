@@ -65,8 +65,11 @@ func TestConfigErrors(t *testing.T) {
 				t.Fatalf("New: got %v, want an invalid config error", err)
 			}
 			var ce *sqs.ConfigError
-			if !errors.As(err, &ce) || ce.Field != tc.field {
+			if !errors.As(err, &ce) || ce.Field != tc.field || ce.Package != "sqs" {
 				t.Fatalf("New: got %v, want an error about %s", err, tc.field)
+			}
+			if !strings.HasPrefix(err.Error(), "sqs: invalid config: "+tc.field+": ") {
+				t.Fatalf("New: got %q, want it to name the field", err)
 			}
 		})
 	}
