@@ -6,7 +6,6 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
-	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -100,27 +99,9 @@ func (a *app) migrationLines(parked, strategy, withKafka bool) ([]dedupe.Line, e
 		}
 	}
 	if withKafka {
-		l, err := a.kafkaLine()
-		if err != nil {
-			return nil, err
-		}
-		lines = append(lines, l...)
+		lines = append(lines, a.offsets().Line())
 	}
 	return lines, nil
-}
-
-// kafkaLine returns the offsets table's migration line. The sources/kafka
-// package hands it out through a Source, which needs a database, brokers,
-// a group and topics to be valid; none of them is used to render it.
-func (a *app) kafkaLine() ([]dedupe.Line, error) {
-	src, err := kafka.New((*pgxpool.Pool)(nil), kafka.Config{
-		Brokers: []string{"unused:9092"}, Group: "unused", Topics: []string{"unused"},
-		Schema: a.schema, OffsetsTable: a.offsetsTable,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("--offsets-table: %w", err)
-	}
-	return src.Migrations(), nil
 }
 
 // pendingMigrations returns the migrations of lines not yet recorded.

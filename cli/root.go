@@ -17,6 +17,7 @@ import (
 	"github.com/effectively-once/effectively/dedupe/bloom"
 	"github.com/effectively-once/effectively/dedupe/highwater"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go/sasl"
@@ -159,10 +160,10 @@ func (a *app) runE(fn func(cmd *cobra.Command, args []string) error) func(*cobra
 	}
 }
 
-func (a *app) parkedIdent() string { return pgx.Identifier{a.schema, a.parkedTable}.Sanitize() }
-func (a *app) offsetsIdent() string {
-	return pgx.Identifier{a.schema, a.offsetsTable}.Sanitize()
+func (a *app) parkedIdent() string {
+	return consumer.NewParkedStore(nil, a.schema, a.parkedTable).Table()
 }
+func (a *app) offsets() *kafka.Offsets { return kafka.NewOffsets(a.schema, a.offsetsTable) }
 
 func (a *app) strategyNames() []string {
 	set := map[string]bool{"idset": true, "highwater": true, "bloom": true}

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/effectively-once/effectively/consumer"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -168,57 +169,37 @@ WHERE $1 = '' OR scope = $1 GROUP BY scope`, scope)
 		return nil, err
 	}
 	if ok {
-		rows, err := pool.Query(ctx, `SELECT scope, reason, count(*), min(parked_at) FROM `+a.parkedIdent()+`
-WHERE $1 = '' OR scope = $1 GROUP BY scope, reason`, scope)
+		counts, err := consumer.NewParkedStore(pool, a.schema, a.parkedTable).CountByReason(ctx, scope)
 		if err != nil {
-			return nil, fmt.Errorf("parked: %w", err)
+			return nil, err
 		}
-		for rows.Next() {
-			var name, reason string
-			var n int64
-			var oldest time.Time
-			if err := rows.Scan(&name, &reason, &n, &oldest); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			st := get(name)
+		for _, c := range counts {
+			st := get(c.Scope)
 			if st.ParkedBy == nil {
 				st.ParkedBy = map[string]int64{}
 			}
-			st.ParkedBy[reason] = n
-			st.Parked += n
-			if st.OldestParked == nil || oldest.Before(*st.OldestParked) {
-				o := oldest
+			st.ParkedBy[c.Reason] = c.Rows
+			st.Parked += c.Rows
+			if st.OldestParked == nil || c.Oldest.Before(*st.OldestParked) {
+				o := c.Oldest
 				st.OldestParked = &o
 			}
 		}
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("parked: %w", err)
-		}
 	}
 
-	ok, err = a.tableStats(ctx, pool, rep, a.offsetsIdent())
+	offs := a.offsets()
+	ok, err = a.tableStats(ctx, pool, rep, offs.Table())
 	if err != nil {
 		return nil, err
 	}
 	if ok {
-		rows, err := pool.Query(ctx, `SELECT group_id, topic, partition, next_offset, generation, updated_at FROM `+a.offsetsIdent()+`
-WHERE $1 = '' OR group_id = $1 ORDER BY group_id, topic, partition`, group)
+		stored, err := offs.List(ctx, pool, group)
 		if err != nil {
-			return nil, fmt.Errorf("kafka offsets: %w", err)
+			return nil, err
 		}
-		for rows.Next() {
-			var o OffsetStats
-			var p int32
-			if err := rows.Scan(&o.Group, &o.Topic, &p, &o.NextOffset, &o.Generation, &o.UpdatedAt); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			o.Partition = int(p)
-			rep.KafkaOffsets = append(rep.KafkaOffsets, o)
-		}
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("kafka offsets: %w", err)
+		for _, so := range stored {
+			rep.KafkaOffsets = append(rep.KafkaOffsets, OffsetStats{Group: so.Group, Topic: so.Topic, Partition: so.Partition,
+				NextOffset: so.Next, Generation: so.Generation, UpdatedAt: so.UpdatedAt})
 		}
 	}
 	for _, st := range scopes {

@@ -155,6 +155,11 @@ func (p *ParkedRow) Message() *Message {
 	return m
 }
 
+// HeadersJSON returns the headers as the table stores them: a JSON array
+// of {"key", "value"} objects, where a key or value that is not valid text
+// is in "key_base64" or "value_base64" and a nil value is "null": true.
+func (p *ParkedRow) HeadersJSON() []byte { return []byte(encodeHeaders(p.Headers)) }
+
 func (p ParkedRow) String() string {
 	id := "<nil>"
 	if p.DedupeID != nil {
