@@ -18,7 +18,6 @@ import (
 	"github.com/effectively-once/effectively/dedupe/highwater"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/sources/kafka"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/spf13/cobra"
@@ -202,40 +201,6 @@ func (a *app) strategy() (dedupe.Strategy, error) {
 	}
 	return nil, fmt.Errorf("--strategy: unknown strategy %q; known: %s", a.strategyName, strings.Join(a.strategyNames(), ", "))
 }
-
-// markers describes where a strategy keeps its markers, for stats and
-// replay: its kind ("idset", "highwater", "bloom") and table.
-type markers struct {
-	kind   string
-	schema string
-	table  string
-}
-
-func markersOf(s dedupe.Strategy) (markers, bool) {
-	m, ok := s.(dedupe.Migrator)
-	if !ok {
-		return markers{}, false
-	}
-	lines := m.Migrations()
-	if len(lines) == 0 {
-		return markers{}, false
-	}
-	id := lines[0].Idents
-	mk := markers{kind: s.Name(), schema: id["schema"], table: id["table"]}
-	if s.Name() == "highwater" {
-		mk.table = id["marks"]
-	}
-	if mk.schema == "" || mk.table == "" {
-		return markers{}, false
-	}
-	switch mk.kind {
-	case "idset", "highwater", "bloom":
-		return mk, true
-	}
-	return markers{}, false
-}
-
-func (m markers) ident() string { return pgx.Identifier{m.schema, m.table}.Sanitize() }
 
 // confirm asks on the command's input, or refuses without a terminal.
 func (a *app) confirm(cmd *cobra.Command, question string) error {
