@@ -21,10 +21,12 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // broken strategies, each with the subtests that must catch it.
-var broken = map[string]struct {
+type brokenCase struct {
 	wrap    func(*idset.Strategy) dedupe.Strategy
 	catches []string
-}{
+}
+
+var broken = map[string]brokenCase{
 	// Every key is new, as if markers were never found.
 	"forgetful": {func(s *idset.Strategy) dedupe.Strategy {
 		return mapped{s, func(_ []dedupe.Key, vs []dedupe.Verdict) { fill(vs, dedupe.VerdictNew) }}
