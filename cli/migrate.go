@@ -1,13 +1,10 @@
 package cli
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 )
 
@@ -26,7 +23,8 @@ while consumers run.
 
 With --print it writes the SQL script instead of applying it, for a DBA to
 review and run by hand (psql -f); the script records its versions, so a later
-migrate applies nothing.`,
+migrate applies nothing. In code the same is dedupe.Migrate (and
+dedupe.MigrationSQL) over a consumer's Migrations, which Consumer.Migrate runs.`,
 		Example: `  effectively migrate --strategy idset --kafka
   effectively migrate --strategy highwater --print > migrate.sql`,
 		Args: cobra.NoArgs,
@@ -51,7 +49,7 @@ migrate applies nothing.`,
 			if err != nil {
 				return err
 			}
-			pending, err := a.pendingMigrations(ctx, pool, lines)
+			pending, err := dedupe.PendingMigrations(ctx, pool, a.schema, lines...)
 			if err != nil {
 				return err
 			}
@@ -102,45 +100,4 @@ func (a *app) migrationLines(parked, strategy, withKafka bool) ([]dedupe.Line, e
 		lines = append(lines, a.offsets().Line())
 	}
 	return lines, nil
-}
-
-// pendingMigrations returns the migrations of lines not yet recorded.
-func (a *app) pendingMigrations(ctx context.Context, pool *pgxpool.Pool, lines []dedupe.Line) ([]dedupe.Migration, error) {
-	table := pgx.Identifier{a.schema, "schema_migrations"}.Sanitize()
-	var exists bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists); err != nil {
-		return nil, err
-	}
-	current := map[string]int{}
-	if exists {
-		rows, err := pool.Query(ctx, `SELECT line, max(version) FROM `+table+` GROUP BY line`)
-		if err != nil {
-			return nil, err
-		}
-		for rows.Next() {
-			var l string
-			var v int
-			if err := rows.Scan(&l, &v); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			current[l] = v
-		}
-		if err := rows.Err(); err != nil {
-			return nil, err
-		}
-	}
-	var out []dedupe.Migration
-	for _, l := range lines {
-		ms, err := l.Render(a.schema)
-		if err != nil {
-			return nil, err
-		}
-		for _, m := range ms {
-			if m.Version > current[l.Name] {
-				out = append(out, m)
-			}
-		}
-	}
-	return out, nil
 }

@@ -7,7 +7,7 @@
 //			New: func(t *testing.T) (dedupe.Strategy, *pgxpool.Pool) {
 //				pool := pgtest.NewPool(t)
 //				s, _ := idset.New(idset.Config{})
-//				_ = s.Migrate(context.Background(), pool)
+//				_, _ = dedupe.Migrate(context.Background(), pool, "", s.Migrations()...)
 //				return s, pool
 //			},
 //			Key: func(scope string, i int) dedupe.Key {

@@ -122,7 +122,7 @@ func TestBroken(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := s.Migrate(context.Background(), pool); err != nil {
+			if _, err := dedupe.Migrate(context.Background(), pool, "", s.Migrations()...); err != nil {
 				t.Fatal(err)
 			}
 			return b.wrap(s), pool

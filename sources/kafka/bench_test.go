@@ -9,6 +9,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/internal/kafkatest"
 	"github.com/effectively-once/effectively/pgtest"
@@ -56,7 +57,7 @@ func BenchmarkPipeline(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer src.Close()
-		if err := src.Migrate(context.Background()); err != nil {
+		if _, err := dedupe.Migrate(context.Background(), pool, "", src.Migrations()...); err != nil {
 			b.Fatal(err)
 		}
 		runPipeline(b, pool, src, batch)

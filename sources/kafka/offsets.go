@@ -193,7 +193,7 @@ func (s *offsetStore) write(ctx context.Context, tx pgx.Tx, tp topicPartition, g
 func (s *offsetStore) wrap(what string, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
-		return fmt.Errorf("kafka: %s: table %s is missing, run (*Source).Migrate first: %w",
+		return fmt.Errorf("kafka: %s: table %s is missing, run the consumer's Migrate first: %w",
 			what, pgx.Identifier{s.schema, s.table}.Sanitize(), err)
 	}
 	return fmt.Errorf("kafka: %s in %s: %w", what, pgx.Identifier{s.schema, s.table}.Sanitize(), err)
