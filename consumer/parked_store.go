@@ -301,3 +301,35 @@ func (s *ParkedStore) RecordFailure(ctx context.Context, id int64, msg string) e
 		return nil
 	})
 }
+
+// LockTx locks the row id of scope in tx without deleting it, and returns
+// it: a concurrent TakeTx or LockTx of the row waits until tx ends. With
+// skipLocked, a row another transaction holds is not waited for: the error
+// then wraps pgx.ErrNoRows, as for a row that does not exist.
+func (s *ParkedStore) LockTx(ctx context.Context, tx pgx.Tx, scope string, id int64, skipLocked bool) (ParkedRow, error) {
+	lock := ` FOR UPDATE`
+	if skipLocked {
+		lock += ` SKIP LOCKED`
+	}
+	rows, err := tx.Query(ctx, `SELECT `+parkedColumns+` FROM `+s.ident+` WHERE id = $1 AND scope = $2`+lock, id, scope)
+	if err != nil {
+		return ParkedRow{}, s.wrap(fmt.Sprintf("locking row %d", id), err)
+	}
+	p, err := pgx.CollectExactlyOneRow(rows, scanParked)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return p, fmt.Errorf("consumer: parked table %s: row %d of scope %q: %w", s.ident, id, scope, pgx.ErrNoRows)
+	}
+	if err != nil {
+		return p, s.wrap(fmt.Sprintf("locking row %d", id), err)
+	}
+	return p, nil
+}
+
+// DeleteTx deletes the rows ids in tx and returns how many it deleted.
+func (s *ParkedStore) DeleteTx(ctx context.Context, tx pgx.Tx, ids ...int64) (int64, error) {
+	tag, err := tx.Exec(ctx, `DELETE FROM `+s.ident+` WHERE id = ANY($1)`, ids)
+	if err != nil {
+		return 0, s.wrap("delete", err)
+	}
+	return tag.RowsAffected(), nil
+}
