@@ -39,7 +39,11 @@ type Options struct {
 	// Strategies are configured strategies, by name, usable with
 	// --strategy in addition to the built-in "idset", "highwater" and
 	// "bloom" (which are configured from flags). A registered name hides
-	// the built-in of the same name. Defaults to none.
+	// the built-in of the same name. The commands know a strategy only by
+	// its interfaces: migrate applies its Migrations (dedupe.Migrator),
+	// stats and sweep use dedupe.Inspector, and redrive runs
+	// dedupe.Maintainer's Maintain first, so a strategy that implements
+	// them works with every command. Defaults to none.
 	Strategies map[string]dedupe.Strategy
 	// KeyFuncs are key functions, by name, usable with --key in addition
 	// to the built-in ones (see "effectively replay --help"). Defaults to none.
