@@ -17,8 +17,9 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// ParkedMessage is one parked row, as "parked list --json" and
-// "parked show --json" print it. Payload and Key are base64 when they are
+// ParkedMessage is one parked row (a consumer.ParkedRow, read through
+// consumer.ParkedStore), as "parked list --json" and "parked show --json"
+// print it: its JSON form, for people and scripts. Payload and Key are base64 when they are
 // not valid text (PayloadBase64, KeyBase64 say so), and KeyNull and
 // PayloadNull tell a nil key or payload (such as a Kafka tombstone's) from
 // an empty one. Ref, Source and Lane are the value itself when it is valid
