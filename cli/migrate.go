@@ -1,14 +1,10 @@
 package cli
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
-	"github.com/effectively-once/effectively/sources/kafka"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 )
 
@@ -27,7 +23,8 @@ while consumers run.
 
 With --print it writes the SQL script instead of applying it, for a DBA to
 review and run by hand (psql -f); the script records its versions, so a later
-migrate applies nothing.`,
+migrate applies nothing. In code the same is dedupe.Migrate (and
+dedupe.MigrationSQL) over a consumer's Migrations, which Consumer.Migrate runs.`,
 		Example: `  effectively migrate --strategy idset --kafka
   effectively migrate --strategy highwater --print > migrate.sql`,
 		Args: cobra.NoArgs,
@@ -52,7 +49,7 @@ migrate applies nothing.`,
 			if err != nil {
 				return err
 			}
-			pending, err := a.pendingMigrations(ctx, pool, lines)
+			pending, err := dedupe.PendingMigrations(ctx, pool, a.schema, lines...)
 			if err != nil {
 				return err
 			}
@@ -100,66 +97,7 @@ func (a *app) migrationLines(parked, strategy, withKafka bool) ([]dedupe.Line, e
 		}
 	}
 	if withKafka {
-		l, err := a.kafkaLine()
-		if err != nil {
-			return nil, err
-		}
-		lines = append(lines, l...)
+		lines = append(lines, a.offsets().Line())
 	}
 	return lines, nil
-}
-
-// kafkaLine returns the offsets table's migration line. The sources/kafka
-// package hands it out through a Source, which needs a database, brokers,
-// a group and topics to be valid; none of them is used to render it.
-func (a *app) kafkaLine() ([]dedupe.Line, error) {
-	src, err := kafka.New((*pgxpool.Pool)(nil), kafka.Config{
-		Brokers: []string{"unused:9092"}, Group: "unused", Topics: []string{"unused"},
-		Schema: a.schema, OffsetsTable: a.offsetsTable,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("--offsets-table: %w", err)
-	}
-	return src.Migrations(), nil
-}
-
-// pendingMigrations returns the migrations of lines not yet recorded.
-func (a *app) pendingMigrations(ctx context.Context, pool *pgxpool.Pool, lines []dedupe.Line) ([]dedupe.Migration, error) {
-	table := pgx.Identifier{a.schema, "schema_migrations"}.Sanitize()
-	var exists bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists); err != nil {
-		return nil, err
-	}
-	current := map[string]int{}
-	if exists {
-		rows, err := pool.Query(ctx, `SELECT line, max(version) FROM `+table+` GROUP BY line`)
-		if err != nil {
-			return nil, err
-		}
-		for rows.Next() {
-			var l string
-			var v int
-			if err := rows.Scan(&l, &v); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			current[l] = v
-		}
-		if err := rows.Err(); err != nil {
-			return nil, err
-		}
-	}
-	var out []dedupe.Migration
-	for _, l := range lines {
-		ms, err := l.Render(a.schema)
-		if err != nil {
-			return nil, err
-		}
-		for _, m := range ms {
-			if m.Version > current[l.Name] {
-				out = append(out, m)
-			}
-		}
-	}
-	return out, nil
 }

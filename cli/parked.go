@@ -12,14 +12,14 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/effectively-once/effectively/consumer"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
 
-// ParkedMessage is one parked row, as "parked list --json" and
-// "parked show --json" print it. Payload and Key are base64 when they are
+// ParkedMessage is one parked row (a consumer.ParkedRow, read through
+// consumer.ParkedStore), as "parked list --json" and "parked show --json"
+// print it: its JSON form, for people and scripts. Payload and Key are base64 when they are
 // not valid text (PayloadBase64, KeyBase64 say so), and KeyNull and
 // PayloadNull tell a nil key or payload (such as a Kafka tombstone's) from
 // an empty one. Ref, Source and Lane are the value itself when it is valid
@@ -91,24 +91,13 @@ func (f *parkedFilter) refs() ([]string, error) {
 	return out, nil
 }
 
-// where returns the filter as a WHERE clause on $1…$5.
-func (f *parkedFilter) where() (string, []any, error) {
-	var ids []int64
-	if len(f.ids) > 0 {
-		ids = f.ids
-	}
+// filter returns the selection as the parked store's filter.
+func (f *parkedFilter) filter() (consumer.ParkedFilter, error) {
 	refs, err := f.refs()
 	if err != nil {
-		return "", nil, err
+		return consumer.ParkedFilter{}, err
 	}
-	var raw [][]byte
-	for _, r := range refs {
-		raw = append(raw, []byte(r))
-	}
-	return `($1 = '' OR scope = $1) AND ($2 = '' OR reason = $2) AND ($3::bigint[] IS NULL OR id = ANY($3))
-    AND ($4::bigint = 0 OR parked_at < now() - $4::bigint * interval '1 microsecond')
-    AND ($5::bytea[] IS NULL OR ref_bytes = ANY($5))`,
-		[]any{f.scope, f.reason, ids, f.olderThan.Microseconds(), raw}, nil
+	return consumer.ParkedFilter{Scope: f.scope, Reason: f.reason, IDs: f.ids, Refs: refs, OlderThan: f.olderThan, Limit: f.limit}, nil
 }
 
 // showRef renders a ref (or source, lane) for a table: as it is when it is
@@ -161,35 +150,27 @@ gap that never closed (gap). Each is kept whole in the parked table.`,
 	return cmd
 }
 
-const parkedColumns = `id, consumer, scope, dedupe_id, sender, seq, has_marker, source, source_bytes, lane, lane_bytes, ref_bytes,
-    msg_key, payload, headers, message_time, attempts, reason, last_error, park_count, parked_at, last_parked_at`
-
-func scanParked(rows pgx.Rows) ([]ParkedMessage, error) {
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedMessage, error) {
-		var p ParkedMessage
-		var key, payload, headers, sourceBytes, laneBytes, refBytes []byte
-		var source, lane string
-		err := r.Scan(&p.ID, &p.Consumer, &p.Scope, &p.DedupeID, &p.Sender, &p.Seq, &p.HasMarker,
-			&source, &sourceBytes, &lane, &laneBytes, &refBytes,
-			&key, &payload, &headers, &p.MessageTime, &p.Attempts, &p.Reason, &p.LastError, &p.ParkCount, &p.ParkedAt, &p.LastParkedAt)
-		p.source, p.lane, p.ref = source, lane, string(refBytes)
-		if sourceBytes != nil {
-			p.source = string(sourceBytes)
-		}
-		if laneBytes != nil {
-			p.lane = string(laneBytes)
-		}
-		p.Source, p.SourceBase64 = exactText([]byte(p.source))
-		p.Lane, p.LaneBase64 = exactText([]byte(p.lane))
-		p.Ref, p.RefBase64 = exactText(refBytes)
-		// A NULL column scans as nil, an empty one as empty.
-		p.Key, p.KeyBase64 = textOrBase64(key)
-		p.KeyNull = key == nil
-		p.Payload, p.PayloadBase64 = textOrBase64(payload)
-		p.PayloadNull = payload == nil
-		p.Headers = headers
-		return p, err
-	})
+// parkedMessage is the JSON view of a parked row.
+func parkedMessage(r consumer.ParkedRow) ParkedMessage {
+	p := ParkedMessage{
+		ID: r.ID, Consumer: r.Consumer, Scope: r.Scope, DedupeID: r.DedupeID, Sender: r.Sender, Seq: r.Seq,
+		HasMarker: r.HasMarker, Attempts: int32(r.Attempts), Reason: r.Reason, LastError: r.LastError,
+		ParkCount: int32(r.ParkCount), ParkedAt: r.ParkedAt, LastParkedAt: r.LastParkedAt,
+		ref: r.Ref, source: r.Source, lane: r.Lane,
+	}
+	if !r.MessageTime.IsZero() {
+		t := r.MessageTime
+		p.MessageTime = &t
+	}
+	p.Source, p.SourceBase64 = exactText([]byte(r.Source))
+	p.Lane, p.LaneBase64 = exactText([]byte(r.Lane))
+	p.Ref, p.RefBase64 = exactText([]byte(r.Ref))
+	p.Key, p.KeyBase64 = textOrBase64(r.MsgKey)
+	p.KeyNull = r.MsgKey == nil
+	p.Payload, p.PayloadBase64 = textOrBase64(r.Payload)
+	p.PayloadNull = r.Payload == nil
+	p.Headers = json.RawMessage(r.HeadersJSON())
+	return p
 }
 
 func textOrBase64(b []byte) (string, bool) {
@@ -199,23 +180,30 @@ func textOrBase64(b []byte) (string, bool) {
 	return base64.StdEncoding.EncodeToString(b), true
 }
 
-func (a *app) queryParked(ctx context.Context, pool *pgxpool.Pool, f *parkedFilter) ([]ParkedMessage, error) {
-	where, args, err := f.where()
+func (a *app) parked(ctx context.Context) (*consumer.ParkedStore, error) {
+	pool, err := a.db(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var limit *int64
-	if f.limit > 0 {
-		l := int64(f.limit)
-		limit = &l
-	}
-	rows, err := pool.Query(ctx, `SELECT `+parkedColumns+` FROM `+a.parkedIdent()+` WHERE `+where+` ORDER BY id LIMIT $6`, append(args, limit)...)
+	return consumer.NewParkedStore(pool, a.schema, a.parkedTable), nil
+}
+
+func (a *app) queryParked(ctx context.Context, f *parkedFilter) ([]ParkedMessage, error) {
+	pf, err := f.filter()
 	if err != nil {
-		return nil, fmt.Errorf("parked: %w", err)
+		return nil, err
 	}
-	out, err := scanParked(rows)
+	store, err := a.parked(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("parked: %w", err)
+		return nil, err
+	}
+	rows, err := store.List(ctx, pf)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ParkedMessage, len(rows))
+	for i, r := range rows {
+		out[i] = parkedMessage(r)
 	}
 	return out, nil
 }
@@ -240,12 +228,7 @@ in the same form.`,
 			if _, err := f.refs(); err != nil {
 				return err
 			}
-			ctx := cmd.Context()
-			pool, err := a.db(ctx)
-			if err != nil {
-				return err
-			}
-			ps, err := a.queryParked(ctx, pool, &f)
+			ps, err := a.queryParked(cmd.Context(), &f)
 			if err != nil {
 				return err
 			}
@@ -307,12 +290,7 @@ func (a *app) parkedShowCmd() *cobra.Command {
 				}
 				f.ids = append(f.ids, id)
 			}
-			ctx := cmd.Context()
-			pool, err := a.db(ctx)
-			if err != nil {
-				return err
-			}
-			ps, err := a.queryParked(ctx, pool, &f)
+			ps, err := a.queryParked(cmd.Context(), &f)
 			if err != nil {
 				return err
 			}
@@ -406,25 +384,18 @@ list"): purging it purges them all.`,
 			if !all && f.scope == "" && f.reason == "" && len(f.ids) == 0 && len(f.refFlags) == 0 && f.olderThan == 0 {
 				return fmt.Errorf("no filter: give --scope, --reason, --id, --ref or --older-than, or --all to purge every parked message")
 			}
-			where, args, err := f.where()
+			pf, err := f.filter()
 			if err != nil {
 				return err
 			}
 			ctx := cmd.Context()
-			pool, err := a.db(ctx)
+			store, err := a.parked(ctx)
 			if err != nil {
 				return err
 			}
-			var limit *int64
-			if f.limit > 0 {
-				l := int64(f.limit)
-				limit = &l
-			}
-			args = append(args, limit)
-			sel := `SELECT id FROM ` + a.parkedIdent() + ` WHERE ` + where + ` ORDER BY id LIMIT $6`
-			var n int64
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM (`+sel+`) s`, args...).Scan(&n); err != nil {
-				return fmt.Errorf("parked: %w", err)
+			n, err := store.Count(ctx, pf)
+			if err != nil {
+				return err
 			}
 			out := cmd.OutOrStdout()
 			if n == 0 {
@@ -434,11 +405,11 @@ list"): purging it purges them all.`,
 			if err := a.confirm(cmd, fmt.Sprintf("Delete %d parked message(s) for good?", n)); err != nil {
 				return err
 			}
-			tag, err := pool.Exec(ctx, `DELETE FROM `+a.parkedIdent()+` WHERE id IN (`+sel+`)`, args...)
+			deleted, err := store.Delete(ctx, pf)
 			if err != nil {
-				return fmt.Errorf("parked: %w", err)
+				return err
 			}
-			fmt.Fprintf(out, "purged %d parked message(s)\n", tag.RowsAffected())
+			fmt.Fprintf(out, "purged %d parked message(s)\n", deleted)
 			return nil
 		}),
 	}

@@ -58,11 +58,10 @@ their ref as "parked list" shows it; every row under that ref is redriven.
 			if f.scope == "" {
 				return errors.New("--scope is required: redrive works on one scope at a time")
 			}
-			where, args, err := f.where()
+			pf, err := f.filter()
 			if err != nil {
 				return err
 			}
-			refs, _ := f.refs()
 			h, bh, err := a.handler(handler)
 			if err != nil {
 				return err
@@ -85,12 +84,9 @@ their ref as "parked list" shows it; every row under that ref is redriven.
 			if err := prepare(ctx, pool, s); err != nil {
 				return err
 			}
-			var n int64
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+a.parkedIdent()+` WHERE `+where, args...).Scan(&n); err != nil {
-				return fmt.Errorf("parked: %w", err)
-			}
-			if f.limit > 0 {
-				n = min(n, int64(f.limit))
+			n, err := consumer.NewParkedStore(pool, a.schema, a.parkedTable).Count(ctx, pf)
+			if err != nil {
+				return err
 			}
 			out := cmd.OutOrStdout()
 			if n == 0 {
@@ -103,7 +99,7 @@ their ref as "parked list" shows it; every row under that ref is redriven.
 			res, err := consumer.Redrive(ctx, pool, consumer.Config{
 				Name: f.scope, Strategy: s, Handler: h, BatchHandler: bh, KeyFunc: kf,
 				Schema: a.schema, ParkedTable: a.parkedTable,
-			}, consumer.RedriveFilter{IDs: f.ids, Refs: refs, Reason: f.reason, Limit: f.limit})
+			}, consumer.RedriveFilter{IDs: pf.IDs, Refs: pf.Refs, Reason: pf.Reason, Limit: pf.Limit})
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tREF\tCOUNT\tREASON\tOUTCOME\tERROR")
 			for _, it := range res.Items {

@@ -11,7 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 )
@@ -237,7 +237,7 @@ func (a *app) plan(ctx context.Context, pool *pgxpool.Pool, kc *kafkaClient, o *
 			return nil, err
 		}
 	}
-	stored, err := a.storedOffsets(ctx, pool, pool, o.group, o.topic, parts, false)
+	stored, err := a.storedOffsets(ctx, pool, o.group, o.topic, parts)
 	if err != nil {
 		return nil, err
 	}
@@ -245,7 +245,7 @@ func (a *app) plan(ctx context.Context, pool *pgxpool.Pool, kc *kafkaClient, o *
 	for _, p := range parts {
 		pp := PartitionPlan{Partition: p, First: first[p], End: end[p], Target: targets[p]}
 		if s, ok := stored[p]; ok {
-			pp.Stored, pp.Generation = s.next, s.gen
+			pp.Stored, pp.Generation = s.Next, s.Generation
 		}
 		if explicit && pp.Target > pp.End {
 			return nil, fmt.Errorf("--to-offset: %s/%d ends at offset %d, before %d", o.topic, p, pp.End, pp.Target)
@@ -263,44 +263,17 @@ func (a *app) plan(ctx context.Context, pool *pgxpool.Pool, kc *kafkaClient, o *
 	return plan, nil
 }
 
-type storedOffset struct {
-	next *int64
-	gen  int32
-}
-
-// storedOffsets reads the group's rows for parts; with lock, it locks them.
-func (a *app) storedOffsets(ctx context.Context, pool *pgxpool.Pool, q dedupe.DB, group, topic string, parts []int, lock bool) (map[int]storedOffset, error) {
-	var exists bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, a.offsetsIdent()).Scan(&exists); err != nil {
+// storedOffsets reads the group's rows for parts.
+func (a *app) storedOffsets(ctx context.Context, pool *pgxpool.Pool, group, topic string, parts []int) (map[int]kafka.StoredOffset, error) {
+	offs := a.offsets()
+	exists, err := offs.Exists(ctx, pool)
+	if err != nil {
 		return nil, err
 	}
 	if !exists {
-		return nil, fmt.Errorf("table %s does not exist: the consumers keep their offsets elsewhere (KafkaOffsetsOnly?) or --schema/--offsets-table are wrong", a.offsetsIdent())
+		return nil, fmt.Errorf("table %s does not exist: the consumers keep their offsets elsewhere (KafkaOffsetsOnly?) or --schema/--offsets-table are wrong", offs.Table())
 	}
-	ps := make([]int32, len(parts))
-	for i, p := range parts {
-		ps[i] = int32(p)
-	}
-	sql := `SELECT partition, next_offset, generation FROM ` + a.offsetsIdent() + `
-WHERE group_id = $1 AND topic = $2 AND partition = ANY($3) ORDER BY partition`
-	if lock {
-		sql += ` FOR UPDATE`
-	}
-	rows, err := q.Query(ctx, sql, group, topic, ps)
-	if err != nil {
-		return nil, fmt.Errorf("offsets: %w", err)
-	}
-	defer rows.Close()
-	out := map[int]storedOffset{}
-	for rows.Next() {
-		var p int32
-		var s storedOffset
-		if err := rows.Scan(&p, &s.next, &s.gen); err != nil {
-			return nil, err
-		}
-		out[int(p)] = s
-	}
-	return out, rows.Err()
+	return offs.Read(ctx, pool, group, topic, parts)
 }
 
 // applyReplay writes the plan: rows are created or locked, the group is
@@ -312,28 +285,23 @@ func (a *app) applyReplay(ctx context.Context, pool *pgxpool.Pool, kc *kafkaClie
 		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	parts := make([]int32, len(plan))
-	targets := make([]int64, len(plan))
-	ints := make([]int, len(plan))
+	parts := make([]int, len(plan))
+	targets := make(map[int]int64, len(plan))
 	for i, p := range plan {
-		parts[i], targets[i], ints[i] = int32(p.Partition), p.Target, p.Partition
+		parts[i], targets[p.Partition] = p.Partition, p.Target
 	}
 	// Rows the group does not have yet are created (without an offset), so
 	// that they are locked like the others.
-	if _, err := tx.Exec(ctx, `INSERT INTO `+a.offsetsIdent()+` (group_id, topic, partition, next_offset, generation)
-SELECT $1, $2, p, NULL, 0 FROM unnest($3::integer[]) AS p ORDER BY p
-ON CONFLICT (group_id, topic, partition) DO NOTHING`, o.group, o.topic, parts); err != nil {
-		return fmt.Errorf("offsets: %w", err)
-	}
-	stored, err := a.storedOffsets(ctx, pool, tx, o.group, o.topic, ints, true)
+	offs := a.offsets()
+	stored, err := offs.LockTx(ctx, tx, o.group, o.topic, parts)
 	if err != nil {
 		return err
 	}
 	for _, p := range plan {
 		s := stored[p.Partition]
-		if !sameOffset(s.next, p.Stored) {
+		if !sameOffset(s.Next, p.Stored) {
 			return fmt.Errorf("%s/%d: the stored offset moved from %s to %s since the plan: are consumers of group %q running? Nothing was written",
-				o.topic, p.Partition, fmtInt(p.Stored), fmtInt(s.next), o.group)
+				o.topic, p.Partition, fmtInt(p.Stored), fmtInt(s.Next), o.group)
 		}
 	}
 	state, members, err := kc.groupMembers(ctx, o.group)
@@ -344,10 +312,8 @@ ON CONFLICT (group_id, topic, partition) DO NOTHING`, o.group, o.topic, parts); 
 		return fmt.Errorf("group %q has %d active member(s) (state %s): stop its consumers first, since a running consumer would undo the replay "+
 			"(a consumer that crashed stays a member until its session times out). Nothing was written", o.group, members, state)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE `+a.offsetsIdent()+` AS o SET next_offset = u.target, updated_at = now()
-FROM unnest($3::integer[], $4::bigint[]) AS u(partition, target)
-WHERE o.group_id = $1 AND o.topic = $2 AND o.partition = u.partition`, o.group, o.topic, parts, targets); err != nil {
-		return fmt.Errorf("offsets: %w", err)
+	if err := offs.SeekTx(ctx, tx, o.group, o.topic, targets); err != nil {
+		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("offsets: commit: %w", err)

@@ -17,7 +17,7 @@ import (
 	"github.com/effectively-once/effectively/dedupe/bloom"
 	"github.com/effectively-once/effectively/dedupe/highwater"
 	"github.com/effectively-once/effectively/dedupe/idset"
-	"github.com/jackc/pgx/v5"
+	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/spf13/cobra"
@@ -39,7 +39,11 @@ type Options struct {
 	// Strategies are configured strategies, by name, usable with
 	// --strategy in addition to the built-in "idset", "highwater" and
 	// "bloom" (which are configured from flags). A registered name hides
-	// the built-in of the same name. Defaults to none.
+	// the built-in of the same name. The commands know a strategy only by
+	// its interfaces: migrate applies its Migrations (dedupe.Migrator),
+	// stats and sweep use dedupe.Inspector, and redrive runs
+	// dedupe.Maintainer's Maintain first, so a strategy that implements
+	// them works with every command. Defaults to none.
 	Strategies map[string]dedupe.Strategy
 	// KeyFuncs are key functions, by name, usable with --key in addition
 	// to the built-in ones (see "effectively replay --help"). Defaults to none.
@@ -159,10 +163,10 @@ func (a *app) runE(fn func(cmd *cobra.Command, args []string) error) func(*cobra
 	}
 }
 
-func (a *app) parkedIdent() string { return pgx.Identifier{a.schema, a.parkedTable}.Sanitize() }
-func (a *app) offsetsIdent() string {
-	return pgx.Identifier{a.schema, a.offsetsTable}.Sanitize()
+func (a *app) parkedIdent() string {
+	return consumer.NewParkedStore(nil, a.schema, a.parkedTable).Table()
 }
+func (a *app) offsets() *kafka.Offsets { return kafka.NewOffsets(a.schema, a.offsetsTable) }
 
 func (a *app) strategyNames() []string {
 	set := map[string]bool{"idset": true, "highwater": true, "bloom": true}
@@ -201,40 +205,6 @@ func (a *app) strategy() (dedupe.Strategy, error) {
 	}
 	return nil, fmt.Errorf("--strategy: unknown strategy %q; known: %s", a.strategyName, strings.Join(a.strategyNames(), ", "))
 }
-
-// markers describes where a strategy keeps its markers, for stats and
-// replay: its kind ("idset", "highwater", "bloom") and table.
-type markers struct {
-	kind   string
-	schema string
-	table  string
-}
-
-func markersOf(s dedupe.Strategy) (markers, bool) {
-	m, ok := s.(dedupe.Migrator)
-	if !ok {
-		return markers{}, false
-	}
-	lines := m.Migrations()
-	if len(lines) == 0 {
-		return markers{}, false
-	}
-	id := lines[0].Idents
-	mk := markers{kind: s.Name(), schema: id["schema"], table: id["table"]}
-	if s.Name() == "highwater" {
-		mk.table = id["marks"]
-	}
-	if mk.schema == "" || mk.table == "" {
-		return markers{}, false
-	}
-	switch mk.kind {
-	case "idset", "highwater", "bloom":
-		return mk, true
-	}
-	return markers{}, false
-}
-
-func (m markers) ident() string { return pgx.Identifier{m.schema, m.table}.Sanitize() }
 
 // confirm asks on the command's input, or refuses without a terminal.
 func (a *app) confirm(cmd *cobra.Command, question string) error {

@@ -10,18 +10,21 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/dedupe"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 )
 
 // StatsReport is what "stats --json" prints.
 type StatsReport struct {
-	Strategy     string        `json:"strategy"`
-	MarkersTable string        `json:"markers_table,omitempty"`
-	Scopes       []ScopeStats  `json:"scopes"`
-	Tables       []TableStats  `json:"tables"`
-	KafkaOffsets []OffsetStats `json:"kafka_offsets"`
+	Strategy     string `json:"strategy"`
+	MarkersTable string `json:"markers_table,omitempty"`
+	// Details are the strategy's own facts (mode, retention, partitions).
+	Details      map[string]string `json:"details,omitempty"`
+	Scopes       []ScopeStats      `json:"scopes"`
+	Tables       []TableStats      `json:"tables"`
+	KafkaOffsets []OffsetStats     `json:"kafka_offsets"`
 }
 
 // ScopeStats describes one scope.
@@ -30,6 +33,7 @@ type ScopeStats struct {
 	// Markers counts the scope's markers (senders, for highwater).
 	Markers      int64            `json:"markers"`
 	OldestMarker *time.Time       `json:"oldest_marker,omitempty"`
+	NewestMarker *time.Time       `json:"newest_marker,omitempty"`
 	Parked       int64            `json:"parked"`
 	ParkedBy     map[string]int64 `json:"parked_by_reason,omitempty"`
 	OldestParked *time.Time       `json:"oldest_parked,omitempty"`
@@ -132,34 +136,18 @@ func (a *app) stats(ctx context.Context, pool *pgxpool.Pool, scope, group string
 		return st
 	}
 
-	mk, hasMarkers := markersOf(s)
-	if hasMarkers {
-		rep.MarkersTable = mk.schema + "." + mk.table
-		col := map[string]string{"idset": "processed_at", "highwater": "updated_at", "bloom": "slice"}[mk.kind]
-		ok, err := a.tableStats(ctx, pool, rep, mk.ident())
+	if insp, ok := s.(dedupe.Inspector); ok {
+		ms, err := insp.MarkerStats(ctx, pool, scope)
 		if err != nil {
 			return nil, err
 		}
-		if ok {
-			rows, err := pool.Query(ctx, `SELECT scope, count(*), min(`+pgx.Identifier{col}.Sanitize()+`) FROM `+mk.ident()+`
-WHERE $1 = '' OR scope = $1 GROUP BY scope`, scope)
-			if err != nil {
-				return nil, fmt.Errorf("markers: %w", err)
-			}
-			for rows.Next() {
-				var name string
-				var n int64
-				var oldest *time.Time
-				if err := rows.Scan(&name, &n, &oldest); err != nil {
-					rows.Close()
-					return nil, err
-				}
-				st := get(name)
-				st.Markers, st.OldestMarker = n, oldest
-			}
-			if err := rows.Err(); err != nil {
-				return nil, fmt.Errorf("markers: %w", err)
-			}
+		rep.MarkersTable, rep.Details = ms.Table, ms.Details
+		for _, t := range ms.Tables {
+			rep.Tables = append(rep.Tables, TableStats{Table: t.Table, Exists: t.Exists, Bytes: t.Bytes})
+		}
+		for _, sm := range ms.Scopes {
+			st := get(sm.Scope)
+			st.Markers, st.OldestMarker, st.NewestMarker = sm.Markers, sm.Oldest, sm.Newest
 		}
 	}
 
@@ -168,57 +156,37 @@ WHERE $1 = '' OR scope = $1 GROUP BY scope`, scope)
 		return nil, err
 	}
 	if ok {
-		rows, err := pool.Query(ctx, `SELECT scope, reason, count(*), min(parked_at) FROM `+a.parkedIdent()+`
-WHERE $1 = '' OR scope = $1 GROUP BY scope, reason`, scope)
+		counts, err := consumer.NewParkedStore(pool, a.schema, a.parkedTable).CountByReason(ctx, scope)
 		if err != nil {
-			return nil, fmt.Errorf("parked: %w", err)
+			return nil, err
 		}
-		for rows.Next() {
-			var name, reason string
-			var n int64
-			var oldest time.Time
-			if err := rows.Scan(&name, &reason, &n, &oldest); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			st := get(name)
+		for _, c := range counts {
+			st := get(c.Scope)
 			if st.ParkedBy == nil {
 				st.ParkedBy = map[string]int64{}
 			}
-			st.ParkedBy[reason] = n
-			st.Parked += n
-			if st.OldestParked == nil || oldest.Before(*st.OldestParked) {
-				o := oldest
+			st.ParkedBy[c.Reason] = c.Rows
+			st.Parked += c.Rows
+			if st.OldestParked == nil || c.Oldest.Before(*st.OldestParked) {
+				o := c.Oldest
 				st.OldestParked = &o
 			}
 		}
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("parked: %w", err)
-		}
 	}
 
-	ok, err = a.tableStats(ctx, pool, rep, a.offsetsIdent())
+	offs := a.offsets()
+	ok, err = a.tableStats(ctx, pool, rep, offs.Table())
 	if err != nil {
 		return nil, err
 	}
 	if ok {
-		rows, err := pool.Query(ctx, `SELECT group_id, topic, partition, next_offset, generation, updated_at FROM `+a.offsetsIdent()+`
-WHERE $1 = '' OR group_id = $1 ORDER BY group_id, topic, partition`, group)
+		stored, err := offs.List(ctx, pool, group)
 		if err != nil {
-			return nil, fmt.Errorf("kafka offsets: %w", err)
+			return nil, err
 		}
-		for rows.Next() {
-			var o OffsetStats
-			var p int32
-			if err := rows.Scan(&o.Group, &o.Topic, &p, &o.NextOffset, &o.Generation, &o.UpdatedAt); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			o.Partition = int(p)
-			rep.KafkaOffsets = append(rep.KafkaOffsets, o)
-		}
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("kafka offsets: %w", err)
+		for _, so := range stored {
+			rep.KafkaOffsets = append(rep.KafkaOffsets, OffsetStats{Group: so.Group, Topic: so.Topic, Partition: so.Partition,
+				NextOffset: so.Next, Generation: so.Generation, UpdatedAt: so.UpdatedAt})
 		}
 	}
 	for _, st := range scopes {
@@ -230,15 +198,11 @@ WHERE $1 = '' OR group_id = $1 ORDER BY group_id, topic, partition`, group)
 
 // tableStats records table's size, and reports whether it exists.
 func (a *app) tableStats(ctx context.Context, pool *pgxpool.Pool, rep *StatsReport, table string) (bool, error) {
-	ts := TableStats{Table: table}
-	err := pool.QueryRow(ctx, `SELECT r IS NOT NULL, coalesce(
-    (SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree(r) WHERE isleaf),
-    pg_total_relation_size(r), 0)::bigint
-FROM to_regclass($1) AS r`, table).Scan(&ts.Exists, &ts.Bytes)
+	ts, err := dedupe.SizeOf(ctx, pool, table)
 	if err != nil {
-		return false, fmt.Errorf("size of %s: %w", table, err)
+		return false, err
 	}
-	rep.Tables = append(rep.Tables, ts)
+	rep.Tables = append(rep.Tables, TableStats{Table: ts.Table, Exists: ts.Exists, Bytes: ts.Bytes})
 	return ts.Exists, nil
 }
 
@@ -289,7 +253,7 @@ func compactInts(s []int) []int {
 
 func printStats(w io.Writer, rep *StatsReport) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "strategy %s, markers in %s\n\n", rep.Strategy, orDash(rep.MarkersTable))
+	fmt.Fprintf(tw, "strategy %s, markers in %s%s\n\n", rep.Strategy, orDash(rep.MarkersTable), details(rep.Details))
 	fmt.Fprintln(tw, "SCOPE\tMARKERS\tOLDEST MARKER\tPARKED\tBY REASON\tOLDEST PARKED")
 	for _, s := range rep.Scopes {
 		var by []string
@@ -352,4 +316,17 @@ func fmtBytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// details renders a strategy's details as " (k=v, …)", sorted by name.
+func details(d map[string]string) string {
+	if len(d) == 0 {
+		return ""
+	}
+	kv := make([]string, 0, len(d))
+	for k, v := range d {
+		kv = append(kv, k+"="+v)
+	}
+	sort.Strings(kv)
+	return " (" + strings.Join(kv, ", ") + ")"
 }

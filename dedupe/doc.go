@@ -14,8 +14,11 @@
 // time-partitioned markers). Package dedupetest holds the conformance suite
 // every strategy passes.
 //
-// Tables are created by numbered SQL migrations embedded in each package and
-// applied with Migrate, or printed with MigrationSQL for a DBA to review.
+// Tables are created by numbered SQL migrations embedded in each package,
+// handed out as Lines by whatever owns them (see Migrator), and applied with
+// Migrate, listed with PendingMigrations, or printed with MigrationSQL for a
+// DBA to review: the one entry point, which consumer.Consumer.Migrate and
+// the CLI's migrate command use too.
 // Schema and table names are configurable and always quoted.
 //
 // # Optional interfaces

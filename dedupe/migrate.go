@@ -16,6 +16,24 @@ import (
 // DefaultSchema is the schema the library's tables live in unless configured otherwise.
 const DefaultSchema = "effectively"
 
+// Migrations have one entry point, the same in code and in the CLI.
+//
+// Everything that owns tables hands out its migration lines: a strategy
+// or a source through Migrator (Migrations), the parked table through
+// consumer.ParkedLine, the Kafka offsets table through kafka.OffsetsLine,
+// and a consumer.Consumer, for everything it uses (parked table, its
+// strategy's and its source's tables), through Consumer.Migrations. Three
+// functions take those lines and a schema for the migrations table:
+//
+//   - Migrate applies the migrations not yet applied, under a lock;
+//   - PendingMigrations lists them without applying anything;
+//   - MigrationSQL prints them all as one script for a DBA to review and
+//     run by hand, after which Migrate applies nothing.
+//
+// Consumer.Migrate is Migrate over Consumer.Migrations, and the CLI's
+// "migrate" (--print for MigrationSQL) runs the same functions over the
+// same lines, built from its flags.
+
 // Line is one sequence of numbered migrations, such as the tables of one
 // strategy. Files in FS are named NNN_description.sql and applied in order of
 // NNN. In their text, {{name}} is replaced by the quoted identifier
@@ -136,6 +154,50 @@ func Migrate(ctx context.Context, db DB, schema string, lines ...Line) ([]Migrat
 	return applied, nil
 }
 
+// PendingMigrations returns the migrations of lines that Migrate would
+// apply to db now, in the order it would apply them, without applying
+// anything.
+func PendingMigrations(ctx context.Context, db DB, schema string, lines ...Line) ([]Migration, error) {
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: pending migrations: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	table := pgx.Identifier{schema, "schema_migrations"}.Sanitize()
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("dedupe: pending migrations: %w", err)
+	}
+	current := map[string]int{}
+	if exists {
+		rows, err := tx.Query(ctx, `SELECT line, max(version) FROM `+table+` GROUP BY line`)
+		if err != nil {
+			return nil, fmt.Errorf("dedupe: pending migrations: %w", err)
+		}
+		var l string
+		var v int
+		if _, err := pgx.ForEachRow(rows, []any{&l, &v}, func() error { current[l] = v; return nil }); err != nil {
+			return nil, fmt.Errorf("dedupe: pending migrations: %w", err)
+		}
+	}
+	var out []Migration
+	for _, l := range lines {
+		ms, err := l.Render(schema)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range ms {
+			if m.Version > current[l.Name] {
+				out = append(out, m)
+			}
+		}
+	}
+	return out, nil
+}
+
 func preamble(schema string) string {
 	s := pgx.Identifier{schema}.Sanitize()
 	t := pgx.Identifier{schema, "schema_migrations"}.Sanitize()
@@ -170,7 +232,11 @@ func MigrationSQL(schema string, lines ...Line) (string, error) {
 			fmt.Fprintf(&b, "\nCREATE SCHEMA IF NOT EXISTS %s;\n", pgx.Identifier{own}.Sanitize())
 		}
 		for _, m := range ms {
-			fmt.Fprintf(&b, "\n-- %s %03d_%s\n%s\n", m.Line, m.Version, m.Name, strings.TrimSpace(m.SQL))
+			body := strings.TrimSpace(m.SQL)
+			if !strings.HasSuffix(body, ";") {
+				body += "\n;" // a last statement without one (or a comment) ends here
+			}
+			fmt.Fprintf(&b, "\n-- %s %03d_%s\n%s\n", m.Line, m.Version, m.Name, body)
 			fmt.Fprintf(&b, "INSERT INTO %s (line, version, name) VALUES (%s, %d, %s) ON CONFLICT DO NOTHING;\n",
 				table, quoteLiteral(m.Line), m.Version, quoteLiteral(m.Name))
 		}

@@ -154,47 +154,14 @@ func (c *Counter) Batches() []consumer.BatchStats {
 func (c *Counter) String() string { return c.Total().String() }
 
 // ParkedRow is a row of the parked-messages table.
-type ParkedRow struct {
-	ID int64
-	// DedupeID is nil when the message had no valid key.
-	DedupeID  *string
-	Reason    string
-	LastError string
-	Payload   []byte
-	Ref       string
-	Source    string
-	Lane      string
-	Attempts  int
-	HasMarker bool
-}
-
-func (p ParkedRow) String() string {
-	id := "<nil>"
-	if p.DedupeID != nil {
-		id = fmt.Sprintf("%q", *p.DedupeID)
-	}
-	return fmt.Sprintf("{ID:%d DedupeID:%s Reason:%s LastError:%q Payload:%q Ref:%q Source:%q Lane:%q Attempts:%d HasMarker:%v}",
-		p.ID, id, p.Reason, p.LastError, p.Payload, p.Ref, p.Source, p.Lane, p.Attempts, p.HasMarker)
-}
+type ParkedRow = consumer.ParkedRow
 
 // Parked returns the rows of the parked-messages table schema.table in the
-// order they were parked, failing tb if the query fails. schema defaults to
-// "effectively" and table to "parked", as in consumer.Config.
+// order they were parked, failing tb if they cannot be read. schema
+// defaults to "effectively" and table to "parked", as in consumer.Config.
 func Parked(tb testing.TB, db dedupe.DB, schema, table string) []ParkedRow {
 	tb.Helper()
-	if schema == "" {
-		schema = dedupe.DefaultSchema
-	}
-	if table == "" {
-		table = "parked"
-	}
-	rows, err := db.Query(context.Background(),
-		`SELECT id, dedupe_id, reason, last_error, payload, ref, source, lane, attempts, has_marker FROM `+
-			pgx.Identifier{schema, table}.Sanitize()+` ORDER BY id`)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[ParkedRow])
+	out, err := consumer.NewParkedStore(db, schema, table).List(context.Background(), consumer.ParkedFilter{})
 	if err != nil {
 		tb.Fatal(err)
 	}

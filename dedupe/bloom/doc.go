@@ -100,8 +100,8 @@
 // Under a consumer, (*consumer.Consumer).Migrate and Run are all it takes:
 // the consumer runs Maintain before its first claim, RunMaintenance in the
 // background and Warm at start (Strategy implements dedupe.Maintainer and
-// dedupe.Warmer). Used on its own, apply the migrations and run Maintain
-// once (Migrate does both), then run RunMaintenance in the background (it
+// dedupe.Warmer). Used on its own, apply the migrations (dedupe.Migrate
+// with Migrations) and run Maintain once, then run RunMaintenance in the background (it
 // runs just after every slice boundary too, so the closed slice is sealed
 // at once), and call Warm at start to build the filters from the live
 // partitions, streaming, with progress logged. Claim returns ErrNoPartition if the current slice has no

@@ -31,7 +31,10 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	if err := strategy.Migrate(ctx, pool); err != nil { // tables and partitions
+	if _, err := dedupe.Migrate(ctx, pool, "", strategy.Migrations()...); err != nil {
+		panic(err)
+	}
+	if err := strategy.Maintain(ctx, pool); err != nil { // the partitions
 		panic(err)
 	}
 	maintCtx, stop := context.WithCancel(ctx)

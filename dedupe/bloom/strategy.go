@@ -1,7 +1,6 @@
 package bloom
 
 import (
-	"context"
 	"embed"
 	"errors"
 	"hash/fnv"
@@ -140,14 +139,4 @@ func (s *Strategy) sliceOf(t time.Time) time.Time {
 // slices whose end is after now - Retention.
 func (s *Strategy) liveFrom(now time.Time) time.Time {
 	return s.sliceOf(now.Add(-s.cfg.Retention))
-}
-
-// Migrate applies the strategy's migrations (dedupe.Migrate with the
-// configured schema) and then runs Maintain once, so that Claim can be
-// called. db is usually a *pgxpool.Pool.
-func (s *Strategy) Migrate(ctx context.Context, db dedupe.DB) error {
-	if _, err := dedupe.Migrate(ctx, db, s.cfg.Schema, s.Migrations()...); err != nil {
-		return err
-	}
-	return s.Maintain(ctx, db)
 }

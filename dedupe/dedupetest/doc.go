@@ -7,7 +7,7 @@
 //			New: func(t *testing.T) (dedupe.Strategy, *pgxpool.Pool) {
 //				pool := pgtest.NewPool(t)
 //				s, _ := idset.New(idset.Config{})
-//				_ = s.Migrate(context.Background(), pool)
+//				_, _ = dedupe.Migrate(context.Background(), pool, "", s.Migrations()...)
 //				return s, pool
 //			},
 //			Key: func(scope string, i int) dedupe.Key {
@@ -34,4 +34,12 @@
 // sequence number i+1 of one sender. When the strategy implements
 // dedupe.Committer, the suite calls Committed after every commit, as the
 // consumer does.
+//
+// A strategy that implements dedupe.Inspector is checked as one (the
+// Inspector subtests are skipped for others): MarkerStats names the
+// strategy and its migrated tables, reports the scopes of committed claims
+// and never of rolled-back ones, with at least one and at most as many
+// markers as keys claimed, ordered by scope, and honours its scope filter;
+// SweepExpired either reports dedupe.ErrNoSweep, or removes nothing in a
+// dry run and never removes markers younger than the retention.
 package dedupetest

@@ -47,6 +47,8 @@ func Run(t *testing.T, h Harness) {
 		{"SecondClaimerWaitsForFirst", testSecondClaimerWaits},
 		{"ConcurrentClaimersOneKey", testConcurrentOneKey},
 		{"ConcurrentOverlappingBatches", testConcurrentOverlapping},
+		{"InspectorStats", testInspectorStats},
+		{"InspectorSweep", testInspectorSweep},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -21,10 +21,12 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // broken strategies, each with the subtests that must catch it.
-var broken = map[string]struct {
+type brokenCase struct {
 	wrap    func(*idset.Strategy) dedupe.Strategy
 	catches []string
-}{
+}
+
+var broken = map[string]brokenCase{
 	// Every key is new, as if markers were never found.
 	"forgetful": {func(s *idset.Strategy) dedupe.Strategy {
 		return mapped{s, func(_ []dedupe.Key, vs []dedupe.Verdict) { fill(vs, dedupe.VerdictNew) }}
@@ -120,7 +122,7 @@ func TestBroken(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := s.Migrate(context.Background(), pool); err != nil {
+			if _, err := dedupe.Migrate(context.Background(), pool, "", s.Migrations()...); err != nil {
 				t.Fatal(err)
 			}
 			return b.wrap(s), pool

@@ -64,7 +64,7 @@ var comparedStrategies = []compared{
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := s.Migrate(context.Background(), pool); err != nil {
+		if _, err := dedupe.Migrate(context.Background(), pool, "", s.Migrations()...); err != nil {
 			b.Fatal(err)
 		}
 		return s

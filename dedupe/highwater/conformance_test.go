@@ -32,7 +32,7 @@ func TestConformance(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if err := s.Migrate(context.Background(), pool); err != nil {
+					if _, err := dedupe.Migrate(context.Background(), pool, "", s.Migrations()...); err != nil {
 						t.Fatal(err)
 					}
 					return s, pool

@@ -32,7 +32,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	if err := strategy.Migrate(ctx, pool); err != nil {
+	if _, err := dedupe.Migrate(ctx, pool, "", strategy.Migrations()...); err != nil {
 		panic(err)
 	}
 

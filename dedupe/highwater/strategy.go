@@ -1,7 +1,6 @@
 package highwater
 
 import (
-	"context"
 	"embed"
 	"fmt"
 	"io/fs"
@@ -102,13 +101,6 @@ func (s *Strategy) Migrations() []dedupe.Line {
 			"advances_sender_idx": s.cfg.AdvancesTable + advancesIndexSuffix,
 		},
 	}}
-}
-
-// Migrate applies the strategy's migrations that db has not applied yet
-// (see dedupe.Migrate). Consumers apply them with their own Migrate.
-func (s *Strategy) Migrate(ctx context.Context, db dedupe.DB) error {
-	_, err := dedupe.Migrate(ctx, db, s.cfg.Schema, s.Migrations()...)
-	return err
 }
 
 // CheckKey reports, as a *dedupe.KeyError, a key this strategy cannot

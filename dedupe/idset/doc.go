@@ -20,8 +20,8 @@
 // longer than the source's redelivery horizon; New warns when
 // Config.RedeliveryHorizon says it is not.
 //
-// The table is created by embedded, numbered migrations: apply them with
-// Migrate, with dedupe.Migrate together with other lines (Migrations), or by
-// hand from MigrationSQL. Schema and table names are configurable and
-// always quoted.
+// The table is created by embedded, numbered migrations, handed out by
+// Migrations: a consumer's Migrate applies them, dedupe.Migrate applies them
+// together with other lines, and dedupe.MigrationSQL prints them for a DBA.
+// Schema and table names are configurable and always quoted.
 package idset

@@ -23,7 +23,7 @@ func newStrategy(t testing.TB, cfg idset.Config) (*idset.Strategy, *pgxpool.Pool
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	if err := s.Migrate(context.Background(), pool); err != nil {
+	if _, err := dedupe.Migrate(context.Background(), pool, cfg.Schema, s.Migrations()...); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
 	return s, pool

@@ -1,7 +1,6 @@
 package idset
 
 import (
-	"context"
 	"embed"
 	"fmt"
 	"hash/fnv"
@@ -67,8 +66,9 @@ func (s *Strategy) Name() string { return "idset" }
 func (s *Strategy) Retention() time.Duration { return s.cfg.Retention }
 
 // Migrations returns the migration line that creates the markers table
-// (dedupe.Migrator). The line always creates its table in the configured
-// Schema, whichever schema holds the migrations table.
+// (dedupe.Migrator), for dedupe.Migrate and dedupe.MigrationSQL (a
+// consumer's Migrate applies it). The line always creates its table in the
+// configured Schema, whichever schema holds the migrations table.
 func (s *Strategy) Migrations() []dedupe.Line {
 	sub, err := fs.Sub(migrationFiles, "migrations")
 	if err != nil {
@@ -83,21 +83,6 @@ func (s *Strategy) Migrations() []dedupe.Line {
 			"processed_at_idx": s.index,
 		},
 	}}
-}
-
-// Migrate creates or upgrades the markers table, recording the applied
-// versions in the configured schema's migrations table.
-func (s *Strategy) Migrate(ctx context.Context, db dedupe.DB) error {
-	if _, err := dedupe.Migrate(ctx, db, s.cfg.Schema, s.Migrations()...); err != nil {
-		return fmt.Errorf("idset: %w", err)
-	}
-	return nil
-}
-
-// MigrationSQL returns the script Migrate would run on an empty database,
-// for review and to be applied by hand; Migrate afterwards applies nothing.
-func (s *Strategy) MigrationSQL() (string, error) {
-	return dedupe.MigrationSQL(s.cfg.Schema, s.Migrations()...)
 }
 
 // indexName returns table+suffix, shortened with a hash of table when it

@@ -205,9 +205,6 @@ func run(ctx context.Context, log *slog.Logger, demo bool, n int) error {
 		return err
 	}
 	defer src.Close()
-	if err := src.Migrate(ctx); err != nil {
-		return err
-	}
 	strategy, err := idset.New(idset.Config{Retention: 14 * 24 * time.Hour})
 	if err != nil {
 		return err
@@ -224,7 +221,7 @@ func run(ctx context.Context, log *slog.Logger, demo bool, n int) error {
 	if err != nil {
 		return err
 	}
-	if err := c.Migrate(ctx); err != nil {
+	if err := c.Migrate(ctx); err != nil { // the parked, markers and Kafka offsets tables
 		return err
 	}
 

@@ -57,7 +57,7 @@ func BenchmarkPipeline(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer src.Close()
-		if err := src.Migrate(context.Background()); err != nil {
+		if _, err := dedupe.Migrate(context.Background(), pool, "", src.Migrations()...); err != nil {
 			b.Fatal(err)
 		}
 		runPipeline(b, pool, src, batch)

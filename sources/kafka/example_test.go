@@ -69,9 +69,6 @@ func Example() {
 		panic(err)
 	}
 	defer src.Close()
-	if err := src.Migrate(ctx); err != nil { // the offsets table
-		panic(err)
-	}
 	strategy, err := idset.New(idset.Config{})
 	if err != nil {
 		panic(err)
@@ -89,7 +86,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	if err := c.Migrate(ctx); err != nil { // markers and parked messages
+	if err := c.Migrate(ctx); err != nil { // the offsets, markers and parked tables
 		panic(err)
 	}
 	runCtx, stop := context.WithCancel(ctx)

@@ -81,10 +81,7 @@ RETURNING o.next_offset`,
 	return st
 }
 
-func (s *offsetStore) line() dedupe.Line {
-	sub, _ := fs.Sub(migrationFiles, "migrations")
-	return dedupe.Line{Name: "kafka:" + s.table, FS: sub, Idents: map[string]string{"table": s.table}}
-}
+func (s *offsetStore) line() dedupe.Line { return OffsetsLine(s.schema, s.table) }
 
 type topicPartition struct {
 	topic     string
@@ -190,8 +187,168 @@ func (s *offsetStore) write(ctx context.Context, tx pgx.Tx, tp topicPartition, g
 func (s *offsetStore) wrap(what string, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
-		return fmt.Errorf("kafka: %s: table %s is missing, run (*Source).Migrate first: %w",
+		return fmt.Errorf("kafka: %s: table %s is missing, run the consumer's Migrate first: %w",
 			what, pgx.Identifier{s.schema, s.table}.Sanitize(), err)
 	}
 	return fmt.Errorf("kafka: %s in %s: %w", what, pgx.Identifier{s.schema, s.table}.Sanitize(), err)
+}
+
+// OffsetsLine returns the migration line of the offsets table
+// schema.table, for dedupe.Migrate or dedupe.MigrationSQL, without a
+// Source. schema defaults to "effectively" and table to "kafka_offsets",
+// as in Config.
+func OffsetsLine(schema, table string) dedupe.Line {
+	schema, table = offsetsName(schema, table)
+	sub, _ := fs.Sub(migrationFiles, "migrations")
+	return dedupe.Line{Name: "kafka:" + table, FS: sub, Idents: map[string]string{"schema": schema, "table": table}}
+}
+
+func offsetsName(schema, table string) (string, string) {
+	if schema == "" {
+		schema = dedupe.DefaultSchema
+	}
+	if table == "" {
+		table = "kafka_offsets"
+	}
+	return schema, table
+}
+
+// Offsets gives operations tools (a replay, a lag report) the offsets table
+// that Sources keep in Postgres: (group, topic, partition) → next offset,
+// generation. The table has this one owner; a Source uses it with
+// generation fencing, Offsets reads it and moves offsets for a replay.
+type Offsets struct {
+	schema, table, ident string
+}
+
+// NewOffsets returns the offsets table schema.table; schema defaults to
+// "effectively" and table to "kafka_offsets", as in Config.
+func NewOffsets(schema, table string) *Offsets {
+	schema, table = offsetsName(schema, table)
+	return &Offsets{schema: schema, table: table, ident: pgx.Identifier{schema, table}.Sanitize()}
+}
+
+// Table returns the table's quoted name, schema.table.
+func (o *Offsets) Table() string { return o.ident }
+
+// Line returns the table's migration line.
+func (o *Offsets) Line() dedupe.Line { return OffsetsLine(o.schema, o.table) }
+
+// StoredOffset is one row of the offsets table.
+type StoredOffset struct {
+	Group     string
+	Topic     string
+	Partition int
+	// Next is the next offset to consume; nil until a batch of the
+	// partition committed (or after a replay created the row).
+	Next *int64
+	// Generation is the consumer group generation that last claimed or
+	// wrote the row.
+	Generation int32
+	UpdatedAt  time.Time
+}
+
+// Querier runs a query: *pgxpool.Pool, *pgx.Conn and pgx.Tx have it.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Exists reports whether the table exists.
+func (o *Offsets) Exists(ctx context.Context, q Querier) (bool, error) {
+	rows, err := q.Query(ctx, `SELECT to_regclass($1) IS NOT NULL`, o.ident)
+	if err != nil {
+		return false, fmt.Errorf("kafka: offsets table %s: %w", o.ident, err)
+	}
+	ok, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	if err != nil {
+		return false, fmt.Errorf("kafka: offsets table %s: %w", o.ident, err)
+	}
+	return ok, nil
+}
+
+const storedColumns = `group_id, topic, partition, next_offset, generation, updated_at`
+
+func scanStored(r pgx.CollectableRow) (StoredOffset, error) {
+	var so StoredOffset
+	var p int32
+	err := r.Scan(&so.Group, &so.Topic, &p, &so.Next, &so.Generation, &so.UpdatedAt)
+	so.Partition = int(p)
+	return so, err
+}
+
+func (o *Offsets) collect(rows pgx.Rows, err error) ([]StoredOffset, error) {
+	if err != nil {
+		return nil, fmt.Errorf("kafka: offsets table %s: %w", o.ident, err)
+	}
+	out, err := pgx.CollectRows(rows, scanStored)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: offsets table %s: %w", o.ident, err)
+	}
+	return out, nil
+}
+
+// List returns the rows of group ("" for every group), ordered by group,
+// topic and partition.
+func (o *Offsets) List(ctx context.Context, q Querier, group string) ([]StoredOffset, error) {
+	return o.collect(q.Query(ctx, `SELECT `+storedColumns+` FROM `+o.ident+`
+WHERE $1 = '' OR group_id = $1 ORDER BY group_id, topic, partition`, group))
+}
+
+// Read returns the rows of group and topic for partitions, by partition;
+// a partition without a row is absent.
+func (o *Offsets) Read(ctx context.Context, q Querier, group, topic string, partitions []int) (map[int]StoredOffset, error) {
+	return o.read(ctx, q, group, topic, partitions, "")
+}
+
+func (o *Offsets) read(ctx context.Context, q Querier, group, topic string, partitions []int, suffix string) (map[int]StoredOffset, error) {
+	rows, err := o.collect(q.Query(ctx, `SELECT `+storedColumns+` FROM `+o.ident+`
+WHERE group_id = $1 AND topic = $2 AND partition = ANY($3) ORDER BY partition`+suffix, group, topic, int32s(partitions)))
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int]StoredOffset, len(rows))
+	for _, r := range rows {
+		out[r.Partition] = r
+	}
+	return out, nil
+}
+
+// LockTx locks the rows of group and topic for partitions in tx, creating
+// those that are missing (without an offset, generation 0), and returns
+// them as Read does. A Source claiming these partitions meanwhile waits
+// for tx; their generations are left alone, so the next generation claims
+// the rows as usual and seeks to the offsets tx stored.
+func (o *Offsets) LockTx(ctx context.Context, tx pgx.Tx, group, topic string, partitions []int) (map[int]StoredOffset, error) {
+	if _, err := tx.Exec(ctx, `INSERT INTO `+o.ident+` (group_id, topic, partition, next_offset, generation)
+SELECT $1, $2, p, NULL, 0 FROM unnest($3::integer[]) AS p ORDER BY p
+ON CONFLICT (group_id, topic, partition) DO NOTHING`, group, topic, int32s(partitions)); err != nil {
+		return nil, fmt.Errorf("kafka: offsets table %s: %w", o.ident, err)
+	}
+	return o.read(ctx, tx, group, topic, partitions, ` FOR UPDATE`)
+}
+
+// SeekTx stores next as the next offset of group and topic for each of its
+// partitions whose row exists, in tx (lock them first with LockTx). It
+// moves offsets backwards as well as forwards: a replay; a running Source
+// only ever moves them forward.
+func (o *Offsets) SeekTx(ctx context.Context, tx pgx.Tx, group, topic string, next map[int]int64) error {
+	parts := make([]int32, 0, len(next))
+	offs := make([]int64, 0, len(next))
+	for p, off := range next {
+		parts, offs = append(parts, int32(p)), append(offs, off)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE `+o.ident+` AS o SET next_offset = u.target, updated_at = now()
+FROM unnest($3::integer[], $4::bigint[]) AS u(partition, target)
+WHERE o.group_id = $1 AND o.topic = $2 AND o.partition = u.partition`, group, topic, parts, offs); err != nil {
+		return fmt.Errorf("kafka: offsets table %s: %w", o.ident, err)
+	}
+	return nil
+}
+
+func int32s(ps []int) []int32 {
+	out := make([]int32, len(ps))
+	for i, p := range ps {
+		out[i] = int32(p)
+	}
+	return out
 }

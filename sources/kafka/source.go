@@ -20,8 +20,9 @@ var ErrClosed = errors.New("kafka: source closed")
 
 // Source delivers the records of a Kafka consumer group to a
 // consumer.Consumer. It implements consumer.Source, consumer.TxSource and
-// consumer.HorizonSource. Make one with New, run Migrate once, hand it to
-// consumer.New, and Close it after the consumer's Run returned.
+// consumer.HorizonSource. Make one with New, hand it to consumer.New
+// (whose Migrate creates the offsets table too), and Close it after the
+// consumer's Run returned.
 type Source struct {
 	cfg    Config
 	store  *offsetStore // nil with KafkaOffsetsOnly
@@ -90,21 +91,13 @@ func New(db dedupe.DB, cfg Config) (*Source, error) {
 }
 
 // Migrations returns the migration line of the offsets table (none with
-// KafkaOffsetsOnly), for dedupe.Migrate or dedupe.MigrationSQL.
+// KafkaOffsetsOnly), for dedupe.Migrate or dedupe.MigrationSQL; a
+// consumer's Migrate applies it with the consumer's other tables.
 func (s *Source) Migrations() []dedupe.Line {
 	if s.store == nil {
 		return nil
 	}
 	return []dedupe.Line{s.store.line()}
-}
-
-// Migrate creates the offsets table if it is missing.
-func (s *Source) Migrate(ctx context.Context) error {
-	if s.store == nil {
-		return nil
-	}
-	_, err := dedupe.Migrate(ctx, s.store.db, s.cfg.Schema, s.Migrations()...)
-	return err
 }
 
 // Assignment returns the lanes ("topic/partition") this source currently

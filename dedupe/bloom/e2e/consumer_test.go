@@ -16,6 +16,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/bloom"
 	"github.com/effectively-once/effectively/pgtest"
 )
@@ -92,7 +93,10 @@ func TestConsumerInvariant(t *testing.T) {
 					t.Fatal(err)
 				}
 				strategies = append(strategies, s)
-				if err := s.Migrate(ctx, pool); err != nil {
+				if _, err := dedupe.Migrate(ctx, pool, "", s.Migrations()...); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Maintain(ctx, pool); err != nil {
 					t.Fatal(err)
 				}
 				if err := s.Warm(ctx, pool); err != nil {

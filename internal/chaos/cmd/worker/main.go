@@ -120,9 +120,6 @@ func run(ctx context.Context, log *slog.Logger, o options) error {
 	if err != nil {
 		return err
 	}
-	if err := src.Migrate(ctx); err != nil {
-		return err
-	}
 	if err := c.Migrate(ctx); err != nil {
 		return err
 	}

@@ -1,0 +1,35 @@
+package dedupetest_test
+
+import (
+	"context"
+
+	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/dedupe/idset"
+)
+
+// Broken inspectors: idset with one Inspector method gone wrong.
+func init() {
+	// MarkerStats ignores its scope filter.
+	broken["unfiltered"] = brokenCase{func(s *idset.Strategy) dedupe.Strategy {
+		return unfiltered{s}
+	}, []string{"InspectorStats"}}
+	// The dry run sweeps every marker.
+	broken["sweepall"] = brokenCase{func(s *idset.Strategy) dedupe.Strategy {
+		return sweepAll{s}
+	}, []string{"InspectorSweep"}}
+}
+
+type unfiltered struct{ *idset.Strategy }
+
+func (u unfiltered) MarkerStats(ctx context.Context, db dedupe.DB, _ string) (dedupe.MarkerStats, error) {
+	return u.Strategy.MarkerStats(ctx, db, "")
+}
+
+type sweepAll struct{ *idset.Strategy }
+
+func (s sweepAll) SweepExpired(ctx context.Context, db dedupe.DB, dryRun bool) (dedupe.SweepReport, error) {
+	if _, err := db.Exec(ctx, `DELETE FROM effectively.processed`); err != nil {
+		return dedupe.SweepReport{}, err
+	}
+	return s.Strategy.SweepExpired(ctx, db, dryRun)
+}
