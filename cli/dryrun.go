@@ -101,10 +101,11 @@ func (a *app) dryRun(cmd *cobra.Command, pool *pgxpool.Pool, kc *kafkaClient, o 
 	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, strconv.FormatInt(o.lockTimeout.Milliseconds(), 10)); err != nil {
 		return nil, err
 	}
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+a.parkedIdent()+` LIMIT 0`); err != nil {
-		return nil, fmt.Errorf("parked table: %w", err)
+	parked := consumer.NewParkedStore(pool, a.schema, a.parkedTable)
+	if _, err := parked.HasRefsTx(ctx, tx, o.scope, kafka.SourceName, nil); err != nil {
+		return nil, err
 	}
-	cl := &classifier{app: a, o: o, tx: tx, s: s, kf: kf}
+	cl := &classifier{app: a, o: o, tx: tx, s: s, kf: kf, parked: parked}
 	start := time.Now()
 	for _, p := range plan {
 		counts := &DryRunCounts{}
@@ -128,6 +129,8 @@ type classifier struct {
 	tx  pgx.Tx
 	s   dedupe.Strategy
 	kf  consumer.KeyFunc
+	// parked is the parked table, read in tx.
+	parked *consumer.ParkedStore
 }
 
 // readPartition reads [Target, End) of one partition in batches, as the
@@ -149,23 +152,13 @@ func (c *classifier) readPartition(ctx context.Context, kc *kafkaClient, p Parti
 // through the consumer's own path up to the handler (consumer.Classify) in
 // the dry run's transaction.
 func (c *classifier) classify(ctx context.Context, batch []*consumer.Message, counts *DryRunCounts) error {
-	refs := make([][]byte, len(batch))
+	refs := make([]string, len(batch))
 	for i, m := range batch {
-		refs[i] = []byte(m.Ref)
+		refs[i] = m.Ref
 	}
-	rows, err := c.tx.Query(ctx, `SELECT ref_bytes FROM `+c.app.parkedIdent()+`
-WHERE scope = $1 AND source = $2 AND ref_bytes = ANY($3::bytea[])`,
-		c.o.scope, kafka.SourceName, refs)
+	parked, err := c.parked.HasRefsTx(ctx, c.tx, c.o.scope, kafka.SourceName, refs)
 	if err != nil {
-		return fmt.Errorf("parked: %w", err)
-	}
-	parkedRefs, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
-	if err != nil {
-		return fmt.Errorf("parked: %w", err)
-	}
-	parked := make(map[string]bool, len(parkedRefs))
-	for _, r := range parkedRefs {
-		parked[string(r)] = true
+		return err
 	}
 
 	cls, err := consumer.Classify(ctx, c.tx, consumer.Config{

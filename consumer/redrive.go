@@ -2,11 +2,8 @@ package consumer
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/jackc/pgx/v5"
@@ -129,10 +126,10 @@ func (c *Consumer) Redrive(ctx context.Context, f RedriveFilter) (RedriveResult,
 
 func redrive(ctx context.Context, db dedupe.DB, p path, f RedriveFilter) (RedriveResult, error) {
 	var res RedriveResult
-	r := &redriver{db: db, path: p, filter: f, table: pgx.Identifier{p.cfg.Schema, p.cfg.ParkedTable}.Sanitize()}
-	ids, err := r.selectIDs(ctx)
+	r := &redriver{path: p, store: NewParkedStore(db, p.cfg.Schema, p.cfg.ParkedTable), db: db}
+	ids, err := r.store.IDs(ctx, ParkedFilter{Scope: p.cfg.Scope, Reason: f.Reason, IDs: f.IDs, Refs: f.Refs, Limit: f.Limit})
 	if err != nil {
-		return res, err
+		return res, fmt.Errorf("consumer: redrive: %w", err)
 	}
 	for _, id := range ids {
 		if err := ctx.Err(); err != nil {
@@ -149,61 +146,16 @@ func redrive(ctx context.Context, db dedupe.DB, p path, f RedriveFilter) (Redriv
 }
 
 type redriver struct {
-	db     dedupe.DB
-	path   path
-	filter RedriveFilter
-	table  string
-}
-
-func (r *redriver) selectIDs(ctx context.Context) ([]int64, error) {
-	f := r.filter
-	var limit *int64
-	if f.Limit > 0 {
-		l := int64(f.Limit)
-		limit = &l
-	}
-	var ids []int64
-	if len(f.IDs) > 0 {
-		ids = f.IDs
-	}
-	var refs [][]byte
-	for _, r := range f.Refs {
-		refs = append(refs, []byte(r))
-	}
-	tx, err := r.db.Begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("consumer: redrive: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := tx.Query(ctx, `SELECT id FROM `+r.table+`
-WHERE scope = $1 AND ($2 = '' OR reason = $2) AND ($3::bigint[] IS NULL OR id = ANY($3))
-    AND ($5::bytea[] IS NULL OR ref_bytes = ANY($5))
-ORDER BY id LIMIT $4`, r.path.cfg.Scope, f.Reason, ids, limit, refs)
-	if err != nil {
-		return nil, fmt.Errorf("consumer: redrive: selecting parked rows of %s: %w", r.table, err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return nil, fmt.Errorf("consumer: redrive: selecting parked rows of %s: %w", r.table, err)
-	}
-	return out, tx.Commit(ctx)
-}
-
-// parkedMsg is a parked row as read back.
-type parkedMsg struct {
-	id        int64
-	key       dedupe.Key
-	hasKey    bool
-	hasMarker bool
-	reason    string
-	attempts  int
-	parkCount int
-	m         *Message
+	path  path
+	store *ParkedStore
+	db    dedupe.DB
 }
 
 // one redrives the row id in a transaction of its own, on the consumer's
 // path: the key (derived again if it was parked without one), the claim
-// (if it was parked without a marker), the handler.
+// (if it was parked without a marker), the handler. The row is taken
+// (deleted) in the same transaction, so that both commit or roll back
+// together.
 func (r *redriver) one(ctx context.Context, id int64) (RedriveItem, error) {
 	p := &r.path
 	it := RedriveItem{ID: id}
@@ -213,28 +165,30 @@ func (r *redriver) one(ctx context.Context, id int64) (RedriveItem, error) {
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
-	pm, err := r.take(ctx, tx, id)
+	row, err := r.store.TakeTx(ctx, tx, p.cfg.Scope, id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		it.Outcome = RedriveGone
 		return it, nil
 	}
 	if err != nil {
-		return it, err
+		return it, fmt.Errorf("consumer: redrive: %w", err)
 	}
-	it.Ref, it.Reason, it.ParkCount = pm.m.Ref, pm.reason, pm.parkCount
+	m := row.Message()
+	it.Ref, it.Reason, it.ParkCount = row.Ref, row.Reason, row.ParkCount
 
-	if !pm.hasKey {
-		k, kerr := p.keys.key(pm.m)
+	key, hasKey := row.DedupeKey()
+	if !hasKey {
+		k, kerr := p.keys.key(m)
 		if kerr != nil {
 			it.Outcome, it.Err = RedriveSkipped, fmt.Errorf("the KeyFunc derives no usable key (redrive it with a KeyFunc that does): %w", kerr)
 			return it, nil
 		}
-		pm.key, pm.hasKey = k, true
-		pm.m.DedupeKey = k
+		key = k
+		m.DedupeKey = k
 	}
 	var verdict dedupe.Verdict
-	if !pm.hasMarker {
-		vs, cerr := p.claimKeys(ctx, tx, []dedupe.Key{pm.key})
+	if !row.HasMarker {
+		vs, cerr := p.claimKeys(ctx, tx, []dedupe.Key{key})
 		var ke *dedupe.KeyError
 		switch {
 		case errors.As(cerr, &ke):
@@ -248,22 +202,22 @@ func (r *redriver) one(ctx context.Context, id int64) (RedriveItem, error) {
 			if err := tx.Commit(ctx); err != nil {
 				return it, fmt.Errorf("consumer: redrive: commit: %w", err)
 			}
-			p.committed([]dedupe.Key{pm.key}, vs)
+			p.committed([]dedupe.Key{key}, vs)
 			it.Outcome = RedriveDuplicate
 			return it, nil
 		case dedupe.VerdictMismatch:
-			it.Outcome, it.Err = RedriveSkipped, fmt.Errorf("key %s was applied before with another payload", pm.key)
+			it.Outcome, it.Err = RedriveSkipped, fmt.Errorf("key %s was applied before with another payload", key)
 			return it, nil
 		case dedupe.VerdictGap:
-			it.Outcome, it.Err = RedriveSkipped, fmt.Errorf("sequence gap: %s is still ahead of its sender's mark", pm.key)
+			it.Outcome, it.Err = RedriveSkipped, fmt.Errorf("sequence gap: %s is still ahead of its sender's mark", key)
 			return it, nil
 		}
 	}
-	if herr := p.handleOne(ctx, tx, pm.m); herr != nil {
+	if herr := p.handleOne(ctx, tx, m); herr != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		it.Outcome, it.Err = RedriveFailed, herr
-		if err := r.recordFailure(ctx, id, herr); err != nil {
-			return it, err
+		if err := r.store.RecordFailure(ctx, id, "redrive: "+herr.Error()); err != nil {
+			return it, fmt.Errorf("consumer: redrive: %w", err)
 		}
 		return it, nil
 	}
@@ -271,121 +225,8 @@ func (r *redriver) one(ctx context.Context, id int64) (RedriveItem, error) {
 		return it, fmt.Errorf("consumer: redrive: commit: %w", err)
 	}
 	if verdict != 0 {
-		p.committed([]dedupe.Key{pm.key}, []dedupe.Verdict{verdict})
+		p.committed([]dedupe.Key{key}, []dedupe.Verdict{verdict})
 	}
 	it.Outcome = RedriveApplied
 	return it, nil
-}
-
-// take deletes the parked row id, which locks it until tx ends, and
-// rebuilds its message.
-func (r *redriver) take(ctx context.Context, tx pgx.Tx, id int64) (*parkedMsg, error) {
-	var (
-		p                       = &parkedMsg{id: id, m: &Message{}}
-		scope, source, lane     string
-		ref, sourceRaw, laneRaw []byte
-		dedupeID, sender        *string
-		seq                     *int64
-		fp, key, payload        []byte
-		headers                 []byte
-		mt                      *time.Time
-	)
-	err := tx.QueryRow(ctx, `DELETE FROM `+r.table+` WHERE id = $1 AND scope = $2
-RETURNING scope, dedupe_id, sender, seq, fingerprint, has_marker, source, source_bytes, lane, lane_bytes, ref_bytes,
-    msg_key, payload, headers, message_time, attempts, reason, park_count`, id, r.path.cfg.Scope).Scan(
-		&scope, &dedupeID, &sender, &seq, &fp, &p.hasMarker, &source, &sourceRaw, &lane, &laneRaw, &ref,
-		&key, &payload, &headers, &mt, &p.attempts, &p.reason, &p.parkCount)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, err
-	}
-	if err != nil {
-		return nil, fmt.Errorf("consumer: redrive: taking parked row %d from %s: %w", id, r.table, err)
-	}
-	m := p.m
-	// A NULL key or payload scans as nil, an empty one as empty: a parked
-	// tombstone is redriven as a tombstone.
-	m.Key, m.Value, m.Source, m.Lane, m.Ref = key, payload, source, lane, string(ref)
-	if sourceRaw != nil {
-		m.Source = string(sourceRaw)
-	}
-	if laneRaw != nil {
-		m.Lane = string(laneRaw)
-	}
-	m.Attempt = p.attempts + 1
-	if mt != nil {
-		m.Time = *mt
-	}
-	hs, err := decodeHeaders(headers)
-	if err != nil {
-		return nil, fmt.Errorf("consumer: redrive: parked row %d: %w", id, err)
-	}
-	m.Headers = hs
-	if dedupeID != nil || sender != nil {
-		p.hasKey = true
-		p.key = dedupe.Key{Scope: scope, Fingerprint: fp}
-		if dedupeID != nil {
-			p.key.ID = *dedupeID
-			m.ID = *dedupeID
-		}
-		if sender != nil {
-			p.key.Sender = *sender
-		}
-		if seq != nil {
-			p.key.Seq = *seq
-		}
-		m.DedupeKey = p.key
-	}
-	return p, nil
-}
-
-// decodeHeaders reverses encodeHeaders.
-func decodeHeaders(raw []byte) ([]Header, error) {
-	if len(raw) == 0 {
-		return nil, nil
-	}
-	var js []headerJSON
-	if err := json.Unmarshal(raw, &js); err != nil {
-		return nil, fmt.Errorf("headers: %w", err)
-	}
-	if len(js) == 0 {
-		return nil, nil
-	}
-	out := make([]Header, len(js))
-	for i, j := range js {
-		out[i].Key = j.Key
-		if j.KeyBase64 != "" {
-			k, err := base64.StdEncoding.DecodeString(j.KeyBase64)
-			if err != nil {
-				return nil, fmt.Errorf("header %q: key: %w", j.Key, err)
-			}
-			out[i].Key = string(k)
-		}
-		switch {
-		case j.Null:
-			out[i].Value = nil
-		case j.ValueBase64 != "":
-			v, err := base64.StdEncoding.DecodeString(j.ValueBase64)
-			if err != nil {
-				return nil, fmt.Errorf("header %q: %w", j.Key, err)
-			}
-			out[i].Value = v
-		default:
-			out[i].Value = []byte(j.Value)
-		}
-	}
-	return out, nil
-}
-
-// recordFailure notes a failed redrive on the row, which stayed parked.
-func (r *redriver) recordFailure(ctx context.Context, id int64, herr error) error {
-	tx, err := r.db.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("consumer: redrive: begin: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, `UPDATE `+r.table+` SET attempts = attempts + 1, last_error = $2 WHERE id = $1`,
-		id, cleanText("redrive: "+herr.Error())); err != nil {
-		return fmt.Errorf("consumer: redrive: recording failure of parked row %d: %w", id, err)
-	}
-	return tx.Commit(ctx)
 }
