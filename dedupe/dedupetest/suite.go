@@ -49,6 +49,13 @@ func Run(t *testing.T, h Harness) {
 		{"ConcurrentOverlappingBatches", testConcurrentOverlapping},
 		{"InspectorStats", testInspectorStats},
 		{"InspectorSweep", testInspectorSweep},
+		{"KeyChecker", testKeyChecker},
+		{"Sequencer", testSequencer},
+		{"Committer", testCommitter},
+		{"Retainer", testRetainer},
+		{"Migrator", testMigrator},
+		{"Maintainer", testMaintainer},
+		{"Warmer", testWarmer},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
