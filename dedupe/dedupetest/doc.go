@@ -30,7 +30,7 @@
 // new.
 //
 // Within one scope the suite claims new keys in increasing order of i
-// (Harness.Key), without gaps, so a sequence-based strategy can map i to
+// (Harness.Key), without gaps (except in the Sequencer check below), so a sequence-based strategy can map i to
 // sequence number i+1 of one sender. When the strategy implements
 // dedupe.Committer, the suite calls Committed after every commit, as the
 // consumer does.
@@ -42,4 +42,51 @@
 // markers as keys claimed, ordered by scope, and honours its scope filter;
 // SweepExpired either reports dedupe.ErrNoSweep, or removes nothing in a
 // dry run and never removes markers younger than the retention.
+//
+// # Optional interfaces
+//
+// Every optional interface listed in package dedupe's documentation has a
+// subtest of its name, which finds it by type assertion, as consumer.New
+// does, and skips (saying so) when the strategy does not implement it. Each
+// checks what the interface's documentation promises:
+//
+//   - KeyChecker: CheckKey accepts the harness's keys; it refuses with a
+//     *dedupe.KeyError; a key it refuses (among malformed variants the
+//     suite makes: empty scope, NUL bytes, invalid UTF-8, 64 KiB fields, a
+//     negative Seq, …) is refused by Claim too, with an error matching
+//     dedupe.ErrInvalidKey, alone or after a good key; and a key that
+//     Claim fails on is one CheckKey refuses, so that the consumer parks
+//     its message alone instead of failing the batch.
+//   - Sequencer: Sequenced answers the same on every call, before and after
+//     claims; when it answers false, claiming key 1 before key 0 leaves key
+//     0 new (the one place the suite claims out of order), since the
+//     consumer would not hold key 1 back.
+//   - Committer: with the verdicts of committed claims reported (repeats,
+//     mismatches and several scopes in one batch), later verdicts are
+//     right; a rolled-back claim, never reported, leaves its keys new; a
+//     commit never reported (as another process's) is seen all the same;
+//     and claims reported from several goroutines at once are right.
+//   - Retainer: Retention is positive and the same on every call; for an
+//     Inspector, SweepExpired sweeps (no dedupe.ErrNoSweep) at that
+//     retention.
+//   - Migrator: on the harness's store Migrate applies nothing more; on an
+//     empty database PendingMigrations lists every migration of the lines,
+//     Migrate applies them all, a second Migrate nothing, and the strategy
+//     claims there (after Maintain, for a Maintainer); the script of
+//     dedupe.MigrationSQL, run on another empty database, does the same.
+//     The empty databases are created on the harness's server, so its role
+//     needs CREATEDB; the migrations table's schema is the one in which the
+//     harness recorded the lines (dedupe.DefaultSchema if none).
+//   - Maintainer: Maintain succeeds twice in a row and keeps live markers;
+//     claims are right while RunMaintenance runs, which does not fail on
+//     its own and returns, nil or with the context's error, within ten
+//     seconds of its context being cancelled.
+//   - Warmer: Warm with a cancelled context returns promptly; claims made
+//     after it, while Warm runs and after it returned give the verdicts
+//     they would without it, for markers committed and reported, committed
+//     unreported, and rolled back; a Warm that has not returned by itself
+//     within ten seconds is cancelled and must then return.
+//
+// The suite checks itself: its tests run it against deliberately broken
+// strategies and require the subtest meant to catch each one to fail.
 package dedupetest

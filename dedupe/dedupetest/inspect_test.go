@@ -10,13 +10,13 @@ import (
 // Broken inspectors: idset with one Inspector method gone wrong.
 func init() {
 	// MarkerStats ignores its scope filter.
-	broken["unfiltered"] = brokenCase{func(s *idset.Strategy) dedupe.Strategy {
+	broken["unfiltered"] = brokenCase{wrap: func(s *idset.Strategy) dedupe.Strategy {
 		return unfiltered{s}
-	}, []string{"InspectorStats"}}
+	}, catches: []string{"InspectorStats"}}
 	// The dry run sweeps every marker.
-	broken["sweepall"] = brokenCase{func(s *idset.Strategy) dedupe.Strategy {
+	broken["sweepall"] = brokenCase{wrap: func(s *idset.Strategy) dedupe.Strategy {
 		return sweepAll{s}
-	}, []string{"InspectorSweep"}}
+	}, catches: []string{"InspectorSweep"}}
 }
 
 type unfiltered struct{ *idset.Strategy }

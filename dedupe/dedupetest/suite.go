@@ -16,7 +16,7 @@ import (
 type Harness struct {
 	// New returns a fresh strategy whose tables exist (migrated) in a fresh database, and a pool on that database.
 	New func(t *testing.T) (dedupe.Strategy, *pgxpool.Pool)
-	// Key returns the i-th distinct key of scope (i = 0, 1, 2, …). The suite claims keys of one scope in increasing i, so a sequence strategy can map i to seq i+1 of one sender.
+	// Key returns the i-th distinct key of scope (i = 0, 1, 2, …). The suite claims keys of one scope in increasing i (only the Sequencer check, for a strategy that implements dedupe.Sequencer, claims key 1 before key 0), so a sequence strategy can map i to seq i+1 of one sender.
 	Key func(scope string, i int) dedupe.Key
 	// Fingerprints is true when the strategy detects a reused key with another payload (VerdictMismatch).
 	Fingerprints bool
@@ -49,6 +49,13 @@ func Run(t *testing.T, h Harness) {
 		{"ConcurrentOverlappingBatches", testConcurrentOverlapping},
 		{"InspectorStats", testInspectorStats},
 		{"InspectorSweep", testInspectorSweep},
+		{"KeyChecker", testKeyChecker},
+		{"Sequencer", testSequencer},
+		{"Committer", testCommitter},
+		{"Retainer", testRetainer},
+		{"Migrator", testMigrator},
+		{"Maintainer", testMaintainer},
+		{"Warmer", testWarmer},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

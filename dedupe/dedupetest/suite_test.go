@@ -14,25 +14,29 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/dedupetest"
+	"github.com/effectively-once/effectively/dedupe/highwater"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// broken strategies, each with the subtests that must catch it.
+// broken strategies, each with the subtests that must catch it. A broken
+// strategy is made from idset by wrap, or from highwater in monotonic mode
+// by hw.
 type brokenCase struct {
 	wrap    func(*idset.Strategy) dedupe.Strategy
 	catches []string
+	hw      func(*highwater.Strategy) dedupe.Strategy
 }
 
 var broken = map[string]brokenCase{
 	// Every key is new, as if markers were never found.
-	"forgetful": {func(s *idset.Strategy) dedupe.Strategy {
+	"forgetful": {wrap: func(s *idset.Strategy) dedupe.Strategy {
 		return mapped{s, func(_ []dedupe.Key, vs []dedupe.Verdict) { fill(vs, dedupe.VerdictNew) }}
-	}, []string{"NewThenDuplicate", "RollbackLeavesNoMarker"}},
+	}, catches: []string{"NewThenDuplicate", "RollbackLeavesNoMarker"}},
 	// Mismatches are reported as duplicates despite Fingerprints.
-	"blind": {func(s *idset.Strategy) dedupe.Strategy {
+	"blind": {wrap: func(s *idset.Strategy) dedupe.Strategy {
 		return mapped{s, func(_ []dedupe.Key, vs []dedupe.Verdict) {
 			for i, v := range vs {
 				if v == dedupe.VerdictMismatch {
@@ -40,9 +44,9 @@ var broken = map[string]brokenCase{
 				}
 			}
 		}}
-	}, []string{"MismatchAgainstCommittedMarker", "RepeatedKeysInBatch"}},
+	}, catches: []string{"MismatchAgainstCommittedMarker", "RepeatedKeysInBatch"}},
 	// Mismatches are reported where the fingerprint is missing.
-	"strict": {func(s *idset.Strategy) dedupe.Strategy {
+	"strict": {wrap: func(s *idset.Strategy) dedupe.Strategy {
 		return mapped{s, func(ks []dedupe.Key, vs []dedupe.Verdict) {
 			for i, v := range vs {
 				if v == dedupe.VerdictDuplicate && len(ks[i].Fingerprint) == 0 {
@@ -50,13 +54,13 @@ var broken = map[string]brokenCase{
 				}
 			}
 		}}
-	}, []string{"MissingFingerprintNeverMismatches"}},
+	}, catches: []string{"MissingFingerprintNeverMismatches"}},
 	// Verdicts come back in the wrong order.
-	"reversed": {func(s *idset.Strategy) dedupe.Strategy {
+	"reversed": {wrap: func(s *idset.Strategy) dedupe.Strategy {
 		return mapped{s, func(_ []dedupe.Key, vs []dedupe.Verdict) { slices.Reverse(vs) }}
-	}, []string{"MixedBatchInOrder"}},
+	}, catches: []string{"MixedBatchInOrder"}},
 	// Repeats within a batch are all new.
-	"repeats": {func(s *idset.Strategy) dedupe.Strategy {
+	"repeats": {wrap: func(s *idset.Strategy) dedupe.Strategy {
 		return mapped{s, func(ks []dedupe.Key, vs []dedupe.Verdict) {
 			for i := range vs {
 				if vs[i] != dedupe.VerdictNew && slices.IndexFunc(ks[:i], func(k dedupe.Key) bool { return k.ID == ks[i].ID && k.Scope == ks[i].Scope }) >= 0 {
@@ -64,19 +68,19 @@ var broken = map[string]brokenCase{
 				}
 			}
 		}}
-	}, []string{"RepeatedKeysInBatch"}},
+	}, catches: []string{"RepeatedKeysInBatch"}},
 	// Scopes are ignored.
-	"scopeless": {func(s *idset.Strategy) dedupe.Strategy {
+	"scopeless": {wrap: func(s *idset.Strategy) dedupe.Strategy {
 		return rescoped{s}
-	}, []string{"ScopesAreIndependent"}},
+	}, catches: []string{"ScopesAreIndependent"}},
 	// The context is ignored.
-	"ctxless": {func(s *idset.Strategy) dedupe.Strategy {
+	"ctxless": {wrap: func(s *idset.Strategy) dedupe.Strategy {
 		return ctxless{s}
-	}, []string{"CancelledContext"}},
+	}, catches: []string{"CancelledContext"}},
 	// Check, then insert: two transactions can both see a key as new.
-	"racy": {func(*idset.Strategy) dedupe.Strategy {
+	"racy": {wrap: func(*idset.Strategy) dedupe.Strategy {
 		return racy{}
-	}, []string{"SecondClaimerWaitsForFirst", "ConcurrentClaimersOneKey", "ConcurrentOverlappingBatches"}},
+	}, catches: []string{"SecondClaimerWaitsForFirst", "ConcurrentClaimersOneKey", "ConcurrentOverlappingBatches"}},
 }
 
 // TestSuiteCatchesBrokenStrategies runs the suite against broken strategies
@@ -114,6 +118,25 @@ func TestBroken(t *testing.T) {
 	b, ok := broken[name]
 	if !ok {
 		t.Fatalf("unknown broken strategy %q", name)
+	}
+	if b.hw != nil {
+		dedupetest.Run(t, dedupetest.Harness{
+			New: func(t *testing.T) (dedupe.Strategy, *pgxpool.Pool) {
+				pool := pgtest.NewPool(t)
+				s, err := highwater.New(highwater.Config{Mode: highwater.Monotonic})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := dedupe.Migrate(context.Background(), pool, "", s.Migrations()...); err != nil {
+					t.Fatal(err)
+				}
+				return b.hw(s), pool
+			},
+			Key: func(scope string, i int) dedupe.Key {
+				return dedupe.Key{Scope: scope, Sender: "s", Seq: int64(i) + 1}
+			},
+		})
+		return
 	}
 	dedupetest.Run(t, dedupetest.Harness{
 		New: func(t *testing.T) (dedupe.Strategy, *pgxpool.Pool) {
