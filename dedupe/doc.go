@@ -54,6 +54,11 @@
 //   - Warmer (bloom: loading the filters of closed slices): the consumer
 //     runs Warm in the background when Run starts; claims are correct
 //     before it finishes, only slower.
+//   - Inspector (idset, highwater, bloom): MarkerStats and SweepExpired,
+//     through which the CLI's stats and sweep commands describe and sweep
+//     any strategy without reading its tables.
+//
+// dedupetest checks every one of these that a strategy implements.
 //
 // Every package that reaches PostgreSQL takes a DB, which *pgxpool.Pool,
 // *pgx.Conn and pgx.Tx all satisfy. Bad configuration is reported with a
