@@ -66,6 +66,7 @@ type Lanes struct {
 	waiting  map[*laneQueue]struct{} // free, with nothing to hand out until a retry falls due
 	fresh    int                     // undelivered messages in all lanes
 	reserved int                     // places reserved in all lanes
+	blocked  int                     // Reserve calls waiting for room
 	wake     chan struct{}           // closed and replaced at every change
 	closed   bool
 	err      error // returned by Next while there are no lanes
@@ -83,8 +84,8 @@ type laneQueue struct {
 	fresh    []laneSlot // added, never delivered, in lane order
 	retries  []laneSlot // handed back, by lane order
 	inFlight *Batch
-	seqs     map[*Message]uint64 // lane order of inFlight's messages
-	next     uint64              // lane order of the next message added
+	seqs     []uint64 // lane order of inFlight's messages, by position
+	next     uint64   // lane order of the next message added
 	reserved int
 	stopped  bool
 	removed  bool
@@ -199,11 +200,17 @@ func (s *Lanes) Reserve(ctx context.Context, name string, n int) (int, error) {
 			return room, nil
 		}
 		wake := s.wake
+		s.blocked++
 		s.mu.Unlock()
 		select {
 		case <-ctx.Done():
-			return 0, ctx.Err()
 		case <-wake:
+		}
+		s.mu.Lock()
+		s.blocked--
+		s.mu.Unlock()
+		if err := ctx.Err(); err != nil {
+			return 0, err
 		}
 	}
 }
@@ -325,14 +332,14 @@ func (s *Lanes) Next(ctx context.Context, limit int) (*Batch, error) {
 // take hands out up to limit messages of l. s.mu must be held.
 func (s *Lanes) take(l *laneQueue, limit int, now time.Time) *Batch {
 	b := &Batch{Lane: l.name, SourceData: l.data}
-	l.seqs = make(map[*Message]uint64, min(limit, len(l.retries)+len(l.fresh)))
+	l.seqs = make([]uint64, 0, min(limit, len(l.retries)+len(l.fresh)))
 	if len(l.retries) > 0 {
 		kept := l.retries[:0]
 		for _, r := range l.retries {
 			if len(b.Messages) < limit && !r.due.After(now) {
 				r.m.Attempt++
 				b.Messages = append(b.Messages, r.m)
-				l.seqs[r.m] = r.seq
+				l.seqs = append(l.seqs, r.seq)
 			} else {
 				kept = append(kept, r)
 			}
@@ -343,7 +350,7 @@ func (s *Lanes) take(l *laneQueue, limit int, now time.Time) *Batch {
 	n := min(limit-len(b.Messages), len(l.fresh))
 	for _, f := range l.fresh[:n] {
 		b.Messages = append(b.Messages, f.m)
-		l.seqs[f.m] = f.seq
+		l.seqs = append(l.seqs, f.seq)
 	}
 	rest := copy(l.fresh, l.fresh[n:])
 	clear(l.fresh[rest:])
@@ -351,7 +358,7 @@ func (s *Lanes) take(l *laneQueue, limit int, now time.Time) *Batch {
 	s.fresh -= n
 	l.inFlight = b
 	delete(s.waiting, l)
-	if n > 0 && (s.cfg.Buffer > 0 || s.cfg.LaneBuffer > 0) {
+	if n > 0 && s.blocked > 0 {
 		s.broadcast() // room for Reserve
 	}
 	return b
@@ -430,7 +437,9 @@ func (s *Lanes) inFlight(b *Batch) *laneQueue {
 // Settle ends b's flight and frees its lane: the messages in retry are
 // handed out again after their delay, those neither in ack nor in retry
 // (abandoned) at once, both before the lane's undelivered messages and in
-// lane order. It returns false, and changes nothing, when b is not its
+// lane order. The messages are known by their position in b: a source may
+// put copies in b.Messages before handing b on (a fresh copy per
+// delivery). It returns false, and changes nothing, when b is not its
 // lane's batch in flight (settled already, or its lane was removed or
 // reset).
 func (s *Lanes) Settle(b *Batch, ack []*Message, retry []Retry) bool {
@@ -445,18 +454,22 @@ func (s *Lanes) Settle(b *Batch, ack []*Message, retry []Retry) bool {
 	for _, m := range ack {
 		done[m] = true
 	}
+	pos := make(map[*Message]int, len(b.Messages))
+	for i, m := range b.Messages {
+		pos[m] = i
+	}
 	for _, r := range retry {
-		seq, ok := l.seqs[r.Message]
+		i, ok := pos[r.Message]
 		if !ok || done[r.Message] {
 			continue
 		}
 		done[r.Message] = true
-		l.retries = append(l.retries, laneSlot{seq: seq, m: r.Message, due: now.Add(r.Delay)})
+		l.retries = append(l.retries, laneSlot{seq: l.seqs[i], m: r.Message, due: now.Add(r.Delay)})
 	}
-	for _, m := range b.Messages {
+	for i, m := range b.Messages {
 		if !done[m] {
 			done[m] = true
-			l.retries = append(l.retries, laneSlot{seq: l.seqs[m], m: m, due: now})
+			l.retries = append(l.retries, laneSlot{seq: l.seqs[i], m: m, due: now})
 		}
 	}
 	slices.SortFunc(l.retries, bySeq)
