@@ -91,4 +91,3 @@ func laneNames(tps []topicPartition) []string {
 	}
 	return out
 }
-

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/effectively-once/effectively/consumer"
 	kafkago "github.com/segmentio/kafka-go"
 )
 
@@ -125,11 +126,14 @@ func rebalancing(err error) bool {
 func (s *Source) setGroupErr(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.groupErr = err
 	if err != nil {
 		s.gs.leaderView = nil // computed for a generation that did not start
+		err = fmt.Errorf("kafka: consumer group %q: %w", s.cfg.Group, authFailure(err))
+		if errors.Is(err, ErrAuthentication) {
+			err = consumer.Permanent(err)
+		}
 	}
-	s.notifyLocked()
+	s.sched.SetError(err) // Fetch returns it while no partition is assigned
 }
 
 // runGeneration owns the partitions assigned in gen until the generation
@@ -184,7 +188,7 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 			s.mu.Unlock()
 			l := &lane{
 				name: laneName(tp.topic, tp.partition), topic: tp.topic, partition: tp.partition, gen: g,
-				space: make(chan struct{}), fetched: -1, delivered: -1, committed: -1, persisted: -1, writing: -1, kafkaCommitted: -1,
+				fetched: -1, delivered: -1, committed: -1, persisted: -1, writing: -1, kafkaCommitted: -1,
 			}
 			if start >= 0 {
 				l.fetched, l.delivered, l.committed = start, start, start
@@ -206,22 +210,23 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 		}
 		s.assigned(ctx, claimed)
 		for _, st := range lanes {
-			l, start := st.l, st.start
-			f := s.newFetcher(topicPartition{l.topic, l.partition}, start)
-			l.fetcher = f
-			pumps.Add(1)
-			go func() {
-				defer pumps.Done()
-				s.pump(pumpCtx, l, f)
-			}()
+			st.l.fetcher = s.newFetcher(topicPartition{st.l.topic, st.l.partition}, st.start)
 		}
 		s.mu.Lock()
 		for _, st := range lanes {
 			g.lanes = append(g.lanes, st.l)
 			s.lanes = append(s.lanes, st.l)
+			s.sched.Open(st.l.name, st.l)
 		}
-		s.notifyLocked()
 		s.mu.Unlock()
+		for _, st := range lanes {
+			l := st.l
+			pumps.Add(1)
+			go func() {
+				defer pumps.Done()
+				s.pump(pumpCtx, l, l.fetcher)
+			}()
+		}
 		s.log.Info("kafka: partitions claimed", "group", s.cfg.Group, "generation", gen.ID, "lanes", names)
 	}
 	claimCtx, stopClaims := context.WithCancel(ctx)
@@ -266,33 +271,34 @@ func (s *Source) revoke(g *generation) {
 	s.mu.Lock()
 	for _, l := range g.lanes {
 		l.state = laneRevoking
+		s.sched.Stop(l.name)
 	}
-	s.notifyLocked()
 	timer := time.NewTimer(s.cfg.RevokeTimeout)
 	defer timer.Stop()
-	for !s.closed && inFlight(g.lanes) {
-		wake := s.waitChLocked()
+	for {
+		changed := s.sched.Changed() // a Settle, or Close
+		if s.closed || !s.inFlight(g.lanes) {
+			break
+		}
 		s.mu.Unlock()
+		timedOut := false
 		select {
-		case <-wake:
-			s.mu.Lock()
-			continue
+		case <-changed:
 		case <-timer.C:
+			timedOut = true
 		}
 		s.mu.Lock()
-		break
+		if timedOut {
+			break
+		}
 	}
 	abandoned := 0
 	for _, l := range g.lanes {
-		s.rememberCounts(l)
+		inFlight, retries := s.sched.Remove(l.name)
+		s.rememberCounts(l, inFlight, retries)
 		l.state = laneRevoked
-		if l.inFlight != nil {
+		if inFlight != nil {
 			abandoned++
-		}
-		l.buf, l.retries = nil, nil
-		if l.full {
-			l.full = false
-			close(l.space)
 		}
 	}
 	kept := s.lanes[:0]
@@ -303,8 +309,6 @@ func (s *Source) revoke(g *generation) {
 	}
 	clear(s.lanes[len(kept):])
 	s.lanes = kept
-	s.rr = 0
-	s.notifyLocked()
 	s.mu.Unlock()
 	if abandoned > 0 {
 		s.log.Warn("kafka: batches abandoned at revoke", "group", s.cfg.Group, "generation", g.id, "batches", abandoned)
@@ -312,9 +316,10 @@ func (s *Source) revoke(g *generation) {
 	s.revoked(g.lanes)
 }
 
-func inFlight(lanes []*lane) bool {
+// inFlight reports whether one of lanes has a batch in flight.
+func (s *Source) inFlight(lanes []*lane) bool {
 	for _, l := range lanes {
-		if l.inFlight != nil {
+		if s.sched.Lane(l.name).InFlight != nil {
 			return true
 		}
 	}

@@ -39,7 +39,7 @@ func (s *Source) pump(ctx context.Context, l *lane, f *fetcher) {
 			s.mu.Unlock()
 			return
 		}
-		target, write := l.skipTo(res.next, s.store != nil)
+		target, write := l.skipTo(res.next, s.sched.Lane(l.name), s.store != nil)
 		s.mu.Unlock()
 		if write {
 			s.storeSkipped(ctx, l, target)
@@ -74,41 +74,34 @@ func (s *Source) fetchLoop(ctx context.Context, l *lane, f *fetcher, results cha
 	}
 }
 
-// buffer appends recs to l's buffer, waiting while it is full; false when
-// the lane was revoked or ctx is done.
+// buffer hands recs to the scheduler as l's, waiting while l holds
+// PartitionBuffer undelivered records; false when the lane was stopped
+// (revoked, fenced) or ctx is done.
 func (s *Source) buffer(ctx context.Context, l *lane, recs []fetchedRecord) bool {
-	ds := make([]*delivery, len(recs))
+	ds := make([]*consumer.Message, len(recs))
 	for i := range recs {
-		ds[i] = newDelivery(l, &recs[i], s.cfg.IDHeader)
+		ds[i] = &newDelivery(l, &recs[i], s.cfg.IDHeader).msg
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	for len(ds) > 0 {
-		for l.state == laneActive && len(l.buf) >= s.cfg.PartitionBuffer {
-			if !l.full {
-				l.full = true
-				l.space = make(chan struct{})
-			}
-			space := l.space
-			s.mu.Unlock()
-			select {
-			case <-ctx.Done():
-				s.mu.Lock()
-				return false
-			case <-space:
-			}
-			s.mu.Lock()
-		}
-		if l.state != laneActive {
+		n, err := s.sched.Reserve(ctx, l.name, len(ds))
+		if err != nil {
 			return false
 		}
-		n := min(s.cfg.PartitionBuffer-len(l.buf), len(ds))
-		for _, d := range ds[:n] {
-			d.msg.Attempt = s.firstAttempt(l, d.offset)
+		n = min(n, len(ds))
+		s.mu.Lock()
+		ok := l.state == laneActive
+		if ok {
+			for _, m := range ds[:n] {
+				m.Attempt = s.firstAttempt(l, offsetOf(m))
+			}
+			ok = s.sched.Add(l.name, ds[:n]...)
 		}
-		l.buf = append(l.buf, ds[:n]...)
+		s.mu.Unlock()
+		s.sched.Unreserve(l.name, n)
+		if !ok {
+			return false
+		}
 		ds = ds[n:]
-		s.notifyLocked()
 	}
 	return true
 }
@@ -137,10 +130,9 @@ func (s *Source) storeSkipped(ctx context.Context, l *lane, next int64) {
 		l.stored(next)
 	case errors.Is(err, consumer.ErrFenced):
 		l.fenced = true
-		s.notifyLocked()
+		s.sched.Stop(l.name)
 		s.log.Warn("kafka: partition fenced by a newer generation", "group", s.cfg.Group, "lane", l.name, "generation", l.gen.id)
 	case ctx.Err() == nil:
 		s.log.Warn("kafka: storing the offset after dropped records", "group", s.cfg.Group, "lane", l.name, "offset", next, "err", err)
 	}
 }
-
