@@ -66,10 +66,8 @@ type Config struct {
 	// round trip. Defaults to a third of VisibilityTimeout.
 	HeartbeatInterval time.Duration
 	// BufferSize is the most received messages one receiver holds before the
-	// consumer fetches them; the receiver pauses while it is full. On a FIFO
-	// queue, whose receivers fill the lanes of many message groups, they
-	// share Receivers × BufferSize and pause together. Held messages are
-	// kept invisible by the heartbeat. Defaults to 100.
+	// consumer fetches them; the receiver pauses while it is full. Held
+	// messages are kept invisible by the heartbeat. Defaults to 100.
 	BufferSize int
 
 	// GroupBatchSize caps how many messages of one FIFO message group a
