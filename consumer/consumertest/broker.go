@@ -23,7 +23,8 @@ type Config struct {
 	// Lanes is the number of ordered lanes. Defaults to 4.
 	Lanes int
 	// DuplicateRate is the probability that a delivered message is
-	// delivered once more, a little later in its lane.
+	// delivered once more, later in its lane: after the messages of the
+	// lane that wait for delivery when it is handed out.
 	DuplicateRate float64
 	// LostAckRate is the probability that a settled batch's acknowledgements
 	// are lost, as when a consumer crashes after its commit and before its
