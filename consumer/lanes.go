@@ -44,7 +44,9 @@ type LanesConfig struct {
 //   - lanes in parallel: any number of lanes can be in flight at once;
 //   - delayed redelivery: a retried message is handed out again once its
 //     delay is over, an abandoned one at once, before the lane's messages
-//     not yet delivered, in lane order, with Message.Attempt one higher;
+//     not yet delivered, in lane order, as a copy of the message handed
+//     back (whose reader may still look at it) with Message.Attempt one
+//     higher;
 //   - backpressure: Reserve blocks while a lane (LaneBuffer) or all lanes
 //     (Buffer) hold as many undelivered messages as allowed, so that the
 //     pulling goroutine stops pulling;
@@ -340,8 +342,10 @@ func (s *Lanes) take(l *laneQueue, limit int, now time.Time) *Batch {
 		kept := l.retries[:0]
 		for _, r := range l.retries {
 			if len(b.Messages) < limit && !r.due.After(now) {
-				r.m.Attempt++
-				b.Messages = append(b.Messages, r.m)
+				// A new delivery: the consumer may still read the last one.
+				m := *r.m
+				m.Attempt++
+				b.Messages = append(b.Messages, &m)
 				l.seqs = append(l.seqs, r.seq)
 			} else {
 				kept = append(kept, r)

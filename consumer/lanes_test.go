@@ -103,11 +103,14 @@ func TestLanesRedelivery(t *testing.T) {
 	// Due ones first, in lane order, then undelivered ones; m1 still waits.
 	b = mustNext(t, s, 3)
 	wantIDs(t, b, "a/2", "a/3", "a/4")
-	if m[2].Attempt != 2 || m[3].Attempt != 2 || m[4].Attempt != 1 {
-		t.Fatalf("attempts = %d %d %d, want 2 2 1", m[2].Attempt, m[3].Attempt, m[4].Attempt)
+	if a := b.Messages; a[0].Attempt != 2 || a[1].Attempt != 2 || a[2].Attempt != 1 {
+		t.Fatalf("attempts = %d %d %d, want 2 2 1", a[0].Attempt, a[1].Attempt, a[2].Attempt)
+	}
+	if m[2].Attempt != 1 || b.Messages[0] == m[2] {
+		t.Fatal("a redelivery changed the message handed back; want a copy")
 	}
 	// m4 abandoned (neither acked nor retried): due at once.
-	s.Settle(b, m[2:4], nil)
+	s.Settle(b, b.Messages[:2], nil)
 	b = mustNext(t, s, 1)
 	wantIDs(t, b, "a/4")
 	s.Settle(b, b.Messages, nil)
@@ -120,8 +123,8 @@ func TestLanesRedelivery(t *testing.T) {
 	if waited := time.Since(settled); waited < delay {
 		t.Fatalf("retried message handed out after %s, before its delay %s", waited, delay)
 	}
-	if m[1].Attempt != 2 {
-		t.Fatalf("Attempt = %d, want 2", m[1].Attempt)
+	if b.Messages[0].Attempt != 2 {
+		t.Fatalf("Attempt = %d, want 2", b.Messages[0].Attempt)
 	}
 	s.Settle(b, b.Messages, nil)
 	if !s.Idle() {

@@ -161,10 +161,10 @@ func (s *Source) rememberCounts(l *lane, inFlight *consumer.Batch, retries []*co
 		s.counts[tp] = c
 	}
 	c.upTo = max(c.upTo, l.delivered)
-	note := func(m *consumer.Message) {
+	note := func(m *consumer.Message) { // the latest delivery of its record
 		d, ok := m.SourceData.(*delivery)
-		if ok && d.msg.Attempt > 1 && d.msg.Attempt > c.times[d.offset] {
-			c.times[d.offset] = d.msg.Attempt
+		if ok && m.Attempt > 1 && m.Attempt > c.times[d.offset] {
+			c.times[d.offset] = m.Attempt
 		}
 	}
 	for _, r := range retries {
