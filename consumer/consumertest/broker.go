@@ -11,7 +11,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"sync"
 	"time"
 
@@ -24,7 +23,8 @@ type Config struct {
 	// Lanes is the number of ordered lanes. Defaults to 4.
 	Lanes int
 	// DuplicateRate is the probability that a delivered message is
-	// delivered once more, a little later in its lane.
+	// delivered once more, later in its lane: after the messages of the
+	// lane that wait for delivery when it is handed out.
 	DuplicateRate float64
 	// LostAckRate is the probability that a settled batch's acknowledgements
 	// are lost, as when a consumer crashes after its commit and before its
@@ -58,34 +58,21 @@ type entry struct {
 	deliveries int
 }
 
-type delayed struct {
-	e   *entry
-	due time.Time
-}
-
 type lane struct {
-	name     string
-	log      []*entry
-	queue    []*entry // deliveries waiting, in order
-	delayed  []delayed
-	inflight *consumer.Batch
-}
-
-type batchData struct {
-	epoch int
-	lane  *lane
+	name string
+	log  []*entry
 }
 
 // Broker is an in-memory consumer.Source. It is safe for concurrent use.
+// Its lanes are scheduled by a consumer.Lanes, as every source's are: the
+// broker only keeps the log, acknowledgements and its faults.
 type Broker struct {
 	cfg     Config
-	mu      sync.Mutex
+	sched   *consumer.Lanes
+	mu      sync.Mutex // guards what follows; held while calling sched, never taken by it
 	rng     *rand.Rand
 	lanes   []*lane
-	next    int // lane to try first, for fairness
-	epoch   int // bumped by Crash: settles of older batches are ignored
 	unacked int
-	wake    chan struct{}
 	stats   Stats
 }
 
@@ -102,9 +89,12 @@ func New(cfg Config) *Broker {
 	if cfg.Source == "" {
 		cfg.Source = "test"
 	}
-	b := &Broker{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)), wake: make(chan struct{})}
+	b := &Broker{cfg: cfg, sched: consumer.NewLanes(consumer.LanesConfig{}),
+		rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))}
 	for i := range cfg.Lanes {
-		b.lanes = append(b.lanes, &lane{name: fmt.Sprintf("lane-%d", i)})
+		l := &lane{name: fmt.Sprintf("lane-%d", i)}
+		b.lanes = append(b.lanes, l)
+		b.sched.Open(l.name, l)
 	}
 	return b
 }
@@ -127,10 +117,20 @@ func (b *Broker) Publish(laneIdx int, m consumer.Message) {
 		e.tmpl.Time = time.Now()
 	}
 	l.log = append(l.log, e)
-	l.queue = append(l.queue, e)
 	b.stats.Published++
 	b.unacked++
-	b.signal()
+	b.sched.Add(l.name, e.ticket())
+}
+
+// ticket stands for a delivery of e in the scheduler; Fetch turns it into
+// the delivery, a fresh copy.
+func (e *entry) ticket() *consumer.Message { return &consumer.Message{SourceData: e} }
+
+// message returns a new delivery of e, carrying e as its SourceData.
+func (e *entry) message() *consumer.Message {
+	m := e.delivery()
+	m.SourceData = e
+	return &m
 }
 
 // Crash simulates the consumer process dying: batches in flight are
@@ -139,24 +139,22 @@ func (b *Broker) Publish(laneIdx int, m consumer.Message) {
 func (b *Broker) Crash() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.epoch++
 	b.stats.Crashes++
 	for _, l := range b.lanes {
-		b.rewind(l)
+		b.sched.Reset(l.name, nil, l.unacked())
 	}
-	b.signal()
 }
 
-// rewind requeues every unacknowledged message of l in log order.
-func (b *Broker) rewind(l *lane) {
-	l.inflight = nil
-	l.delayed = nil
-	l.queue = l.queue[:0]
+// unacked returns a new delivery of every unacknowledged message of l, in
+// log order. Broker.mu must be held.
+func (l *lane) unacked() []*consumer.Message {
+	var out []*consumer.Message
 	for _, e := range l.log {
 		if !e.acked {
-			l.queue = append(l.queue, e)
+			out = append(out, e.ticket())
 		}
 	}
+	return out
 }
 
 // Unacked returns how many published messages are not yet acknowledged.
@@ -171,27 +169,20 @@ func (b *Broker) Unacked() int {
 func (b *Broker) Idle() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.unacked > 0 {
-		return false
-	}
-	for _, l := range b.lanes {
-		if l.inflight != nil || len(l.queue) > 0 || len(l.delayed) > 0 {
-			return false
-		}
-	}
-	return true
+	return b.unacked == 0 && b.sched.Idle()
 }
 
 // WaitIdle blocks until the broker is Idle, or ctx is done.
 func (b *Broker) WaitIdle(ctx context.Context) error {
 	for {
+		changed := b.sched.Changed() // every change of Idle's answer changes the lanes
 		if b.Idle() {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("consumertest: %d messages still unacknowledged: %w", b.Unacked(), ctx.Err())
-		case <-time.After(5 * time.Millisecond):
+		case <-changed:
 		}
 	}
 }
@@ -218,129 +209,44 @@ func (b *Broker) Stats() Stats {
 	return b.stats
 }
 
-// signal wakes blocked Fetch calls. b.mu must be held.
-func (b *Broker) signal() {
-	close(b.wake)
-	b.wake = make(chan struct{})
-}
-
 // Fetch implements consumer.Source.
 func (b *Broker) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
-	if max <= 0 {
-		max = 1
+	batch, err := b.sched.Next(ctx, max)
+	if err != nil {
+		return nil, err
 	}
-	for {
-		b.mu.Lock()
-		batch, wait := b.take(max)
-		wake := b.wake
-		b.mu.Unlock()
-		if batch != nil {
-			return batch, nil
-		}
-		var timer *time.Timer
-		var due <-chan time.Time
-		if wait > 0 {
-			timer = time.NewTimer(wait)
-			due = timer.C
-		}
-		select {
-		case <-ctx.Done():
-		case <-wake:
-		case <-due:
-		}
-		if timer != nil {
-			timer.Stop()
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, m := range batch.Messages {
+		e := m.SourceData.(*entry)
+		e.deliveries++
+		m = e.message() // a fresh copy: a handler's changes reach no other delivery
+		m.Attempt = e.deliveries
+		batch.Messages[i] = m
+		b.stats.Delivered++
+		if b.cfg.DuplicateRate > 0 && b.rng.Float64() < b.cfg.DuplicateRate {
+			// Deliver it again later in the lane.
+			b.sched.Add(batch.Lane, e.ticket())
+			b.stats.Duplicated++
 		}
 	}
-}
-
-// take returns a batch from a free lane, or how long until a delayed
-// message is due (0: nothing is due). b.mu must be held.
-func (b *Broker) take(max int) (*consumer.Batch, time.Duration) {
-	now := time.Now()
-	var wait time.Duration
-	for i := range b.lanes {
-		l := b.lanes[(b.next+i)%len(b.lanes)]
-		if l.inflight != nil {
-			continue
-		}
-		// Due retries go back into the queue in lane order, ahead of the
-		// messages not delivered yet (consumer.Source's order).
-		kept := l.delayed[:0]
-		for _, d := range l.delayed {
-			if !d.due.After(now) {
-				l.requeue(d.e)
-			} else {
-				kept = append(kept, d)
-				if w := d.due.Sub(now); wait == 0 || w < wait {
-					wait = w
-				}
-			}
-		}
-		l.delayed = kept
-		if len(l.queue) == 0 {
-			continue
-		}
-		n := min(max, len(l.queue))
-		taken := append([]*entry(nil), l.queue[:n]...)
-		l.queue = append(l.queue[:0], l.queue[n:]...)
-		batch := &consumer.Batch{Lane: l.name, SourceData: batchData{epoch: b.epoch, lane: l}}
-		for _, e := range taken {
-			e.deliveries++
-			m := e.delivery()
-			m.Attempt = e.deliveries
-			m.SourceData = e
-			batch.Messages = append(batch.Messages, &m)
-			b.stats.Delivered++
-			if b.cfg.DuplicateRate > 0 && b.rng.Float64() < b.cfg.DuplicateRate {
-				// Deliver it again somewhere later in the lane.
-				pos := len(l.queue)
-				if pos > 0 {
-					pos = b.rng.IntN(pos + 1)
-				}
-				l.queue = append(l.queue, nil)
-				copy(l.queue[pos+1:], l.queue[pos:])
-				l.queue[pos] = e
-				b.stats.Duplicated++
-			}
-		}
-		l.inflight = batch
-		b.next = (b.next + i + 1) % len(b.lanes)
-		return batch, 0
-	}
-	return nil, wait
-}
-
-// requeue puts e back into l's queue before the first message that comes
-// after it in the lane. Broker.mu must be held.
-func (l *lane) requeue(e *entry) {
-	i := 0
-	for i < len(l.queue) && l.queue[i].offset < e.offset {
-		i++
-	}
-	l.queue = slices.Insert(l.queue, i, e)
+	return batch, nil
 }
 
 // Settle implements consumer.Source.
 func (b *Broker) Settle(_ context.Context, batch *consumer.Batch, ack []*consumer.Message, retry []consumer.Retry) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	bd, ok := batch.SourceData.(batchData)
+	l, ok := batch.SourceData.(*lane)
 	if !ok {
 		return fmt.Errorf("consumertest: batch was not fetched from this broker")
 	}
-	l := bd.lane
-	if bd.epoch != b.epoch || l.inflight != batch {
+	if b.sched.Lane(l.name).InFlight != batch {
 		return nil // fetched before a crash: the ack is lost
 	}
-	l.inflight = nil
-	defer b.signal()
 	if b.cfg.LostAckRate > 0 && b.rng.Float64() < b.cfg.LostAckRate {
 		b.stats.LostAcks++
-		b.rewind(l)
+		b.sched.Reset(l.name, batch, l.unacked())
 		return nil
 	}
 	for _, m := range ack {
@@ -351,29 +257,9 @@ func (b *Broker) Settle(_ context.Context, batch *consumer.Batch, ack []*consume
 			b.unacked--
 		}
 	}
-	now := time.Now()
-	for _, r := range retry {
-		e := r.Message.SourceData.(*entry)
-		l.delayed = append(l.delayed, delayed{e: e, due: now.Add(r.Delay)})
-		b.stats.Retried++
-	}
-	// Messages neither acknowledged nor retried were abandoned: deliver them
-	// again as after a crash of this lane.
-	settled := make(map[*entry]bool, len(ack)+len(retry))
-	for _, m := range ack {
-		settled[m.SourceData.(*entry)] = true
-	}
-	for _, r := range retry {
-		settled[r.Message.SourceData.(*entry)] = true
-	}
-	var abandoned []*entry
-	for _, m := range batch.Messages {
-		if e := m.SourceData.(*entry); !settled[e] && !e.acked {
-			abandoned = append(abandoned, e)
-		}
-	}
-	if len(abandoned) > 0 {
-		l.queue = append(abandoned, l.queue...)
-	}
+	b.stats.Retried += len(retry)
+	// Messages neither acknowledged nor retried were abandoned: the
+	// scheduler delivers them again at once, as after a crash of this lane.
+	b.sched.Settle(batch, ack, retry)
 	return nil
 }

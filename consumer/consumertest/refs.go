@@ -59,8 +59,8 @@ func (b *Broker) Pending() []Pending {
 	var out []Pending
 	for _, l := range b.lanes {
 		inflight := map[*entry]bool{}
-		if l.inflight != nil {
-			for _, m := range l.inflight.Messages {
+		if batch := b.sched.Lane(l.name).InFlight; batch != nil {
+			for _, m := range batch.Messages {
 				inflight[m.SourceData.(*entry)] = true
 			}
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
@@ -127,11 +126,14 @@ func rebalancing(err error) bool {
 func (s *Source) setGroupErr(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.groupErr = err
 	if err != nil {
 		s.gs.leaderView = nil // computed for a generation that did not start
+		err = fmt.Errorf("kafka: consumer group %q: %w", s.cfg.Group, authFailure(err))
+		if errors.Is(err, ErrAuthentication) {
+			err = consumer.Permanent(err)
+		}
 	}
-	s.notifyLocked()
+	s.sched.SetError(err) // Fetch returns it while no partition is assigned
 }
 
 // runGeneration owns the partitions assigned in gen until the generation
@@ -186,7 +188,7 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 			s.mu.Unlock()
 			l := &lane{
 				name: laneName(tp.topic, tp.partition), topic: tp.topic, partition: tp.partition, gen: g,
-				space: make(chan struct{}), fetched: -1, delivered: -1, committed: -1, persisted: -1, writing: -1, kafkaCommitted: -1,
+				fetched: -1, delivered: -1, committed: -1, persisted: -1, writing: -1, kafkaCommitted: -1,
 			}
 			if start >= 0 {
 				l.fetched, l.delivered, l.committed = start, start, start
@@ -208,22 +210,23 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 		}
 		s.assigned(ctx, claimed)
 		for _, st := range lanes {
-			l, start := st.l, st.start
-			f := s.newFetcher(topicPartition{l.topic, l.partition}, start)
-			l.fetcher = f
-			pumps.Add(1)
-			go func() {
-				defer pumps.Done()
-				s.pump(pumpCtx, l, f)
-			}()
+			st.l.fetcher = s.newFetcher(topicPartition{st.l.topic, st.l.partition}, st.start)
 		}
 		s.mu.Lock()
 		for _, st := range lanes {
 			g.lanes = append(g.lanes, st.l)
 			s.lanes = append(s.lanes, st.l)
+			s.sched.Open(st.l.name, st.l)
 		}
-		s.notifyLocked()
 		s.mu.Unlock()
+		for _, st := range lanes {
+			l := st.l
+			pumps.Add(1)
+			go func() {
+				defer pumps.Done()
+				s.pump(pumpCtx, l, l.fetcher)
+			}()
+		}
 		s.log.Info("kafka: partitions claimed", "group", s.cfg.Group, "generation", gen.ID, "lanes", names)
 	}
 	claimCtx, stopClaims := context.WithCancel(ctx)
@@ -261,91 +264,6 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 	s.log.Info("kafka: generation ended", "group", s.cfg.Group, "generation", gen.ID)
 }
 
-// Claim retries: a partition whose offsets row is locked by a transaction
-// in progress is claimed again after claimRetryMin, doubling up to
-// claimRetryMax, until that transaction ended.
-const (
-	claimRetryMin = 50 * time.Millisecond
-	claimRetryMax = time.Second
-)
-
-// claimPartitions claims tps for generation gen in Postgres and hands the
-// claimed ones to start, at once for the partitions that are free and
-// later for those whose row another transaction holds locked (a batch of
-// an earlier owner that has not committed yet, perhaps of a frozen
-// process), until all are claimed or ctx is done. Partitions owned by a
-// newer generation are logged and left alone. Without the offsets table
-// every partition starts at once.
-func (s *Source) claimPartitions(ctx context.Context, gen int32, tps []topicPartition, start func([]topicPartition, map[topicPartition]int64)) {
-	if s.store == nil {
-		start(tps, nil)
-		return
-	}
-	pending := tps
-	wait := claimRetryMin
-	failures := 0
-	var waitingSince, warned time.Time
-	for len(pending) > 0 {
-		claimed, busy, err := s.store.claim(ctx, gen, pending)
-		switch {
-		case ctx.Err() != nil:
-			return
-		case errors.Is(err, errClaimBusy):
-			busy = pending
-		case err != nil:
-			s.log.Error("kafka: claiming partitions", "group", s.cfg.Group, "generation", gen, "err", err)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(min(time.Second<<min(failures, 5), 30*time.Second)):
-			}
-			failures++
-			continue
-		}
-		failures = 0
-		var got []topicPartition
-		for _, tp := range pending {
-			if _, ok := claimed[tp]; ok {
-				got = append(got, tp)
-			} else if !slices.Contains(busy, tp) {
-				s.log.Error("kafka: partition is owned by a newer generation in Postgres; not consuming it in this generation "+
-					"(if the group was deleted and recreated, delete its rows from the offsets table)",
-					"group", s.cfg.Group, "lane", laneName(tp.topic, tp.partition), "generation", gen)
-			}
-		}
-		start(got, claimed)
-		if len(busy) > 0 && (waitingSince.IsZero() || time.Since(warned) >= time.Minute) {
-			if waitingSince.IsZero() {
-				waitingSince = time.Now()
-			}
-			warned = time.Now()
-			s.log.Warn("kafka: offsets rows locked by a transaction of an earlier owner; consuming the other partitions, and these once it ends",
-				"group", s.cfg.Group, "generation", gen, "lanes", laneNames(busy), "waited", time.Since(waitingSince).Round(time.Millisecond))
-		} else if len(got) > 0 && !waitingSince.IsZero() {
-			s.log.Info("kafka: locked partitions claimed", "group", s.cfg.Group, "generation", gen,
-				"lanes", laneNames(got), "waited", time.Since(waitingSince).Round(time.Millisecond))
-		}
-		pending = busy
-		if len(pending) == 0 {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		}
-		wait = min(wait*2, claimRetryMax)
-	}
-}
-
-func laneNames(tps []topicPartition) []string {
-	out := make([]string, len(tps))
-	for i, tp := range tps {
-		out[i] = laneName(tp.topic, tp.partition)
-	}
-	return out
-}
-
 // revoke stops handing out g's lanes, lets their in-flight batches finish
 // for up to RevokeTimeout (not when the source is closing), then drops them:
 // a batch still in flight is refused at BeforeCommit and ignored at Settle.
@@ -353,33 +271,34 @@ func (s *Source) revoke(g *generation) {
 	s.mu.Lock()
 	for _, l := range g.lanes {
 		l.state = laneRevoking
+		s.sched.Stop(l.name)
 	}
-	s.notifyLocked()
 	timer := time.NewTimer(s.cfg.RevokeTimeout)
 	defer timer.Stop()
-	for !s.closed && inFlight(g.lanes) {
-		wake := s.waitChLocked()
+	for {
+		changed := s.sched.Changed() // a Settle, or Close
+		if s.closed || !s.inFlight(g.lanes) {
+			break
+		}
 		s.mu.Unlock()
+		timedOut := false
 		select {
-		case <-wake:
-			s.mu.Lock()
-			continue
+		case <-changed:
 		case <-timer.C:
+			timedOut = true
 		}
 		s.mu.Lock()
-		break
+		if timedOut {
+			break
+		}
 	}
 	abandoned := 0
 	for _, l := range g.lanes {
-		s.rememberCounts(l)
+		inFlight, retries := s.sched.Remove(l.name)
+		s.rememberCounts(l, inFlight, retries)
 		l.state = laneRevoked
-		if l.inFlight != nil {
+		if inFlight != nil {
 			abandoned++
-		}
-		l.buf, l.retries = nil, nil
-		if l.full {
-			l.full = false
-			close(l.space)
 		}
 	}
 	kept := s.lanes[:0]
@@ -390,8 +309,6 @@ func (s *Source) revoke(g *generation) {
 	}
 	clear(s.lanes[len(kept):])
 	s.lanes = kept
-	s.rr = 0
-	s.notifyLocked()
 	s.mu.Unlock()
 	if abandoned > 0 {
 		s.log.Warn("kafka: batches abandoned at revoke", "group", s.cfg.Group, "generation", g.id, "batches", abandoned)
@@ -399,148 +316,14 @@ func (s *Source) revoke(g *generation) {
 	s.revoked(g.lanes)
 }
 
-func inFlight(lanes []*lane) bool {
+// inFlight reports whether one of lanes has a batch in flight.
+func (s *Source) inFlight(lanes []*lane) bool {
 	for _, l := range lanes {
-		if l.inFlight != nil {
+		if s.sched.Lane(l.name).InFlight != nil {
 			return true
 		}
 	}
 	return false
-}
-
-// pump moves the records f fetches into l's buffer, waiting while it is
-// full, and moves l's position past the records f dropped. The next fetch
-// is sent while the records of the last one are buffered.
-func (s *Source) pump(ctx context.Context, l *lane, f *fetcher) {
-	ctx, cancel := context.WithCancel(ctx)
-	results := make(chan fetchResult, 1)
-	fetching := make(chan struct{})
-	go func() {
-		defer close(fetching)
-		s.fetchLoop(ctx, l, f, results)
-	}()
-	defer func() {
-		cancel()
-		<-fetching
-	}()
-	for {
-		var res fetchResult
-		select {
-		case <-ctx.Done():
-			return
-		case res = <-results:
-		}
-		if !s.buffer(ctx, l, res.records) {
-			return
-		}
-		s.mu.Lock()
-		if l.state != laneActive {
-			s.mu.Unlock()
-			return
-		}
-		target, write := l.skipTo(res.next, s.store != nil)
-		s.mu.Unlock()
-		if write {
-			s.storeSkipped(ctx, l, target)
-		}
-	}
-}
-
-// fetchLoop fetches with f until ctx is done and sends the results, in
-// order, to results. Failures are logged and retried with a growing delay.
-func (s *Source) fetchLoop(ctx context.Context, l *lane, f *fetcher, results chan<- fetchResult) {
-	for failures := 0; ; {
-		res, err := f.fetch(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			failures++
-			s.log.Warn("kafka: fetch", "group", s.cfg.Group, "lane", l.name, "err", err)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(min(100*time.Millisecond<<min(failures-1, 5), 2*time.Second)):
-			}
-			continue
-		}
-		failures = 0
-		select {
-		case <-ctx.Done():
-			return
-		case results <- res:
-		}
-	}
-}
-
-// buffer appends recs to l's buffer, waiting while it is full; false when
-// the lane was revoked or ctx is done.
-func (s *Source) buffer(ctx context.Context, l *lane, recs []fetchedRecord) bool {
-	ds := make([]*delivery, len(recs))
-	for i := range recs {
-		ds[i] = newDelivery(l, &recs[i], s.cfg.IDHeader)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for len(ds) > 0 {
-		for l.state == laneActive && len(l.buf) >= s.cfg.PartitionBuffer {
-			if !l.full {
-				l.full = true
-				l.space = make(chan struct{})
-			}
-			space := l.space
-			s.mu.Unlock()
-			select {
-			case <-ctx.Done():
-				s.mu.Lock()
-				return false
-			case <-space:
-			}
-			s.mu.Lock()
-		}
-		if l.state != laneActive {
-			return false
-		}
-		n := min(s.cfg.PartitionBuffer-len(l.buf), len(ds))
-		for _, d := range ds[:n] {
-			d.msg.Attempt = s.firstAttempt(l, d.offset)
-		}
-		l.buf = append(l.buf, ds[:n]...)
-		ds = ds[n:]
-		s.notifyLocked()
-	}
-	return true
-}
-
-// storeSkipped writes next, a commit point past records the fetcher
-// dropped, to the offsets table in a transaction of its own, fenced by the
-// generation like BeforeCommit. A failure is logged; the next fetch tries
-// again.
-func (s *Source) storeSkipped(ctx context.Context, l *lane, next int64) {
-	tp := topicPartition{l.topic, l.partition}
-	err := func() error {
-		tx, err := s.store.db.Begin(ctx)
-		if err != nil {
-			return fmt.Errorf("kafka: store offset: %w", err)
-		}
-		defer func() { _ = tx.Rollback(context.Background()) }()
-		if err := s.store.write(ctx, tx, tp, l.gen.id, next); err != nil {
-			return err
-		}
-		return tx.Commit(ctx)
-	}()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case err == nil:
-		l.stored(next)
-	case errors.Is(err, consumer.ErrFenced):
-		l.fenced = true
-		s.notifyLocked()
-		s.log.Warn("kafka: partition fenced by a newer generation", "group", s.cfg.Group, "lane", l.name, "generation", l.gen.id)
-	case ctx.Err() == nil:
-		s.log.Warn("kafka: storing the offset after dropped records", "group", s.cfg.Group, "lane", l.name, "offset", next, "err", err)
-	}
 }
 
 // commitKafka commits the settled offsets of g's lanes to Kafka, for

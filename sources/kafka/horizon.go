@@ -14,28 +14,46 @@ import (
 // horizonTimeout bounds the DescribeConfigs call behind RedeliveryHorizon.
 const horizonTimeout = 10 * time.Second
 
+// horizonCache keeps the retention the brokers reported. Only an answer is
+// kept: after a failure the next call asks the brokers again.
 type horizonCache struct {
-	once sync.Once
-	d    time.Duration
+	mu    sync.Mutex
+	known bool
+	d     time.Duration
 }
 
-// RedeliveryHorizon returns the longest retention.ms of the configured
-// topics: a record can be delivered again (after an offset reset, or to a
-// new group) for as long as the broker keeps it. Topics that keep records
-// forever (retention.ms = -1) give math.MaxInt64. It asks the brokers once;
-// when they cannot say, it logs why and returns 0 (unknown).
+// Horizon returns the longest retention.ms of the configured topics: a
+// record can be delivered again (after an offset reset, or to a new group)
+// for as long as the broker keeps it. Topics that keep records forever
+// (retention.ms = -1) give math.MaxInt64. The first answer is kept; a
+// failure (the brokers cannot be reached, a topic is missing) is returned
+// and not kept, so a later call asks again.
+func (s *Source) Horizon(ctx context.Context) (time.Duration, error) {
+	s.horizon.mu.Lock()
+	defer s.horizon.mu.Unlock()
+	if s.horizon.known {
+		return s.horizon.d, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, horizonTimeout)
+	defer cancel()
+	d, err := s.retention(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("kafka: read the retention of topics %v: %w", s.cfg.Topics, err)
+	}
+	s.horizon.known, s.horizon.d = true, d
+	return d, nil
+}
+
+// RedeliveryHorizon is Horizon for consumer.HorizonSource, bounded by ten
+// seconds: when the brokers cannot say, it logs why and returns 0
+// (unknown), and the next call asks them again.
 func (s *Source) RedeliveryHorizon() time.Duration {
-	s.horizon.once.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), horizonTimeout)
-		defer cancel()
-		d, err := s.retention(ctx)
-		if err != nil {
-			s.log.Warn("kafka: cannot read topic retention", "topics", s.cfg.Topics, "err", err)
-			return
-		}
-		s.horizon.d = d
-	})
-	return s.horizon.d
+	d, err := s.Horizon(context.Background())
+	if err != nil {
+		s.log.Warn("kafka: cannot read topic retention", "topics", s.cfg.Topics, "err", err)
+		return 0
+	}
+	return d
 }
 
 func (s *Source) retention(ctx context.Context) (time.Duration, error) {

@@ -37,3 +37,47 @@ func TestRedeliveryHorizon(t *testing.T) {
 		t.Errorf("RedeliveryHorizon of a missing topic = %s, want 0 (unknown)", got)
 	}
 }
+
+// TestRedeliveryHorizonRetries checks that a failed lookup is not kept: the
+// topic is missing at the first call and created before the second, which
+// must then report its retention.
+func TestRedeliveryHorizonRetries(t *testing.T) {
+	k := kafkatest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	topic := kafkatest.Name("later")
+	s, err := New(nil, Config{Brokers: k.Brokers(), Group: "g", Topics: []string{topic}, KafkaOffsetsOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if d, err := s.Horizon(ctx); err == nil {
+		t.Fatalf("Horizon of a missing topic = %s, want an error", d)
+	}
+	if got := s.RedeliveryHorizon(); got != 0 {
+		t.Fatalf("RedeliveryHorizon of a missing topic = %s, want 0 (unknown)", got)
+	}
+	if err := k.CreateTopic(ctx, topic, 1, 5*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := s.Horizon(ctx); err != nil || d != 5*time.Hour {
+		t.Fatalf("Horizon after the topic was created = %s, %v; want 5h (the failure must not be kept)", d, err)
+	}
+	if got := s.RedeliveryHorizon(); got != 5*time.Hour {
+		t.Errorf("RedeliveryHorizon = %s, want 5h", got)
+	}
+
+	cancelled, stop := context.WithCancel(ctx)
+	stop()
+	other, err := New(nil, Config{Brokers: k.Brokers(), Group: "g", Topics: []string{topic}, KafkaOffsetsOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.Horizon(cancelled); err == nil {
+		t.Fatal("Horizon with a cancelled ctx succeeded, want ctx's error")
+	}
+	if d, err := other.Horizon(ctx); err != nil || d != 5*time.Hour {
+		t.Fatalf("Horizon after a cancelled call = %s, %v; want 5h", d, err)
+	}
+}

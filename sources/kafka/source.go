@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
-	"time"
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
@@ -37,14 +36,13 @@ type Source struct {
 	cancel    context.CancelFunc
 	runDone   chan struct{}
 
+	// sched hands out the lanes' records: one lane per assigned partition,
+	// named like the lane, whose SourceData is the *lane.
+	sched *consumer.Lanes
+
 	mu     sync.Mutex
-	lanes  []*lane // active and revoking lanes
-	rr     int     // round-robin position in lanes
-	wake   chan struct{}
+	lanes  []*lane // active and revoking lanes, each open in sched
 	closed bool
-	// groupErr is the consumer group's last failure (the brokers cannot be
-	// reached, the group cannot be joined), until a generation starts.
-	groupErr error
 	// counts carries Message.Attempt across generations: what this source
 	// delivered of each partition and has not seen committed.
 	counts map[topicPartition]*deliveryCounts
@@ -80,6 +78,7 @@ func New(db dedupe.DB, cfg Config) (*Source, error) {
 		},
 		runDone: make(chan struct{}),
 		counts:  map[topicPartition]*deliveryCounts{},
+		sched:   consumer.NewLanes(consumer.LanesConfig{LaneBuffer: cfg.PartitionBuffer}),
 	}
 	if !cfg.KafkaOffsetsOnly {
 		if db == nil {
@@ -148,71 +147,18 @@ func (s *Source) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
 	if err := s.start(); err != nil {
 		return nil, err
 	}
-	if max < 1 {
-		max = 1
+	b, err := s.sched.Next(ctx, max)
+	if errors.Is(err, consumer.ErrLanesClosed) {
+		return nil, consumer.Permanent(ErrClosed)
 	}
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	for {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		now := time.Now()
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			return nil, consumer.Permanent(ErrClosed)
-		}
-		var next time.Time
-		for i := range s.lanes {
-			l := s.lanes[(s.rr+i)%len(s.lanes)]
-			if !l.fetchable() {
-				continue
-			}
-			ok, due := l.ready(now)
-			if !ok {
-				if !due.IsZero() && (next.IsZero() || due.Before(next)) {
-					next = due
-				}
-				continue
-			}
-			s.rr = (s.rr + i + 1) % len(s.lanes)
-			b := &consumer.Batch{Lane: l.name, Messages: l.take(max, now), SourceData: l}
-			l.inFlight = b
-			s.mu.Unlock()
-			return b, nil
-		}
-		if err := s.groupErr; err != nil && len(s.lanes) == 0 {
-			s.mu.Unlock()
-			err = fmt.Errorf("kafka: consumer group %q: %w", s.cfg.Group, authFailure(err))
-			if errors.Is(err, ErrAuthentication) {
-				err = consumer.Permanent(err)
-			}
-			return nil, err
-		}
-		wake := s.waitChLocked()
-		s.mu.Unlock()
-
-		var due <-chan time.Time
-		if !next.IsZero() {
-			if timer == nil {
-				timer = time.NewTimer(time.Until(next))
-			} else {
-				timer.Reset(time.Until(next))
-			}
-			due = timer.C
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-wake:
-		case <-due:
-		}
+	if err != nil {
+		return nil, err // ctx's, or the group's failure (setGroupErr)
 	}
+	l := b.SourceData.(*lane)
+	s.mu.Lock()
+	l.handedOut(b, s.sched.Lane(l.name).Buffered)
+	s.mu.Unlock()
+	return b, nil
 }
 
 // BeforeCommit stores the partition's next offset in tx, provided this
@@ -225,11 +171,12 @@ func (s *Source) BeforeCommit(ctx context.Context, tx pgx.Tx, b *consumer.Batch,
 	}
 	acked := ackSet(ack)
 	s.mu.Lock()
-	if l.inFlight != b || l.state == laneRevoked || l.fenced {
+	st := s.sched.Lane(l.name)
+	if st.InFlight != b || l.state == laneRevoked || l.fenced {
 		s.mu.Unlock()
 		return fmt.Errorf("kafka: partition %s was revoked from generation %d: %w", l.name, l.gen.id, consumer.ErrFenced)
 	}
-	next := l.nextOffset(b.Messages, acked)
+	next := l.nextOffset(st.Retries, b.Messages, acked)
 	if s.store != nil && len(ack) > 0 {
 		l.writing = next
 	}
@@ -241,10 +188,8 @@ func (s *Source) BeforeCommit(ctx context.Context, tx pgx.Tx, b *consumer.Batch,
 	if errors.Is(err, consumer.ErrFenced) {
 		s.mu.Lock()
 		l.fenced = true
-		if l.inFlight == b {
-			l.inFlight = nil
-		}
-		s.notifyLocked()
+		s.sched.Stop(l.name)
+		s.sched.Finish(b, false) // nothing of it is acknowledged or retried
 		s.mu.Unlock()
 		s.log.Warn("kafka: partition fenced by a newer generation", "group", s.cfg.Group, "lane", l.name, "generation", l.gen.id)
 	}
@@ -260,19 +205,17 @@ func (s *Source) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.
 	if !ok {
 		return fmt.Errorf("kafka: Settle with a batch of another source")
 	}
-	acked := ackSet(ack)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if l.inFlight != b {
-		return nil // fenced or revoked meanwhile: dropped
-	}
-	l.inFlight = nil
-	s.notifyLocked()
 	if l.state == laneRevoked || l.fenced {
+		s.sched.Finish(b, false) // dropped: the lane's next owner delivers it again
 		return nil
 	}
+	if !s.sched.Settle(b, ack, retry) {
+		return nil // fenced or revoked meanwhile: dropped
+	}
 	before := l.committed
-	l.settle(b, acked, retry, time.Now(), s.store != nil)
+	l.settled(s.sched.Lane(l.name).Retries, len(ack) > 0, s.store != nil)
 	if l.committed > before {
 		l.notifyCommit()
 	}
@@ -295,7 +238,7 @@ func (s *Source) Close() error {
 		s.startOnce.Do(func() { close(s.runDone) }) // no start after Close
 		s.mu.Lock()
 		s.closed = true
-		s.notifyLocked()
+		s.sched.Close()
 		s.mu.Unlock()
 		if s.group != nil {
 			s.cancel()
@@ -304,19 +247,4 @@ func (s *Source) Close() error {
 		}
 	})
 	return nil
-}
-
-// waitChLocked returns a channel closed at the next state change.
-func (s *Source) waitChLocked() <-chan struct{} {
-	if s.wake == nil {
-		s.wake = make(chan struct{})
-	}
-	return s.wake
-}
-
-func (s *Source) notifyLocked() {
-	if s.wake != nil {
-		close(s.wake)
-		s.wake = nil
-	}
 }

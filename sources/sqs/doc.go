@@ -6,7 +6,10 @@
 // Config.Receivers goroutines long-poll the queue (ReceiveMessage with up to
 // ten messages and Config.WaitTime) and hold what they receive until the
 // consumer fetches it; a receiver pauses while it holds Config.BufferSize
-// unfetched messages. Receiving starts with the first Fetch.
+// unfetched messages (on a FIFO queue, while the receivers hold
+// Config.Receivers × Config.BufferSize together). Receiving starts with the
+// first Fetch. The lanes are scheduled by consumer.Lanes, as every source's
+// are.
 //
 // Lanes: on a standard queue every receiver is a lane. On a FIFO queue every
 // message group is a lane, so a group never has more than one batch in

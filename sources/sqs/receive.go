@@ -26,32 +26,28 @@ func (s *Source) receive(i int) {
 	ctx := s.recvCtx
 	laneName := "receiver/" + strconv.Itoa(i)
 	backoff := time.Duration(0)
+	// A standard queue's receiver fills its own lane; a FIFO queue's fill
+	// the groups, bounded together.
+	reserveLane := laneName
+	if s.fifo {
+		reserveLane = ""
+	}
 	for ctx.Err() == nil {
-		s.mu.Lock()
-		closed := s.closed
-		room := s.cfg.BufferSize - s.buffered[i]
-		wake := s.wake
-		s.mu.Unlock()
-		if closed {
-			return
-		}
-		if room <= 0 {
-			select {
-			case <-wake:
-			case <-ctx.Done():
-			}
-			continue
+		room, err := s.lanes.Reserve(ctx, reserveLane, s.cfg.MaxMessages)
+		if err != nil {
+			return // closed, or ctx is done
 		}
 		sent := time.Now()
 		out, err := s.client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
 			QueueUrl:                    aws.String(s.url),
-			MaxNumberOfMessages:         int32(min(room, s.cfg.MaxMessages)),
+			MaxNumberOfMessages:         int32(room),
 			WaitTimeSeconds:             int32(s.cfg.WaitTime / time.Second),
 			VisibilityTimeout:           int32(s.cfg.VisibilityTimeout / time.Second),
 			MessageSystemAttributeNames: systemAttributes,
 			MessageAttributeNames:       []string{"All"},
 		})
 		if err != nil {
+			s.lanes.Unreserve(reserveLane, room)
 			if ctx.Err() != nil {
 				return
 			}
@@ -66,6 +62,7 @@ func (s *Source) receive(i int) {
 		}
 		backoff = 0
 		if len(out.Messages) == 0 {
+			s.lanes.Unreserve(reserveLane, room)
 			continue
 		}
 		entries := make([]*entry, len(out.Messages))
@@ -80,6 +77,7 @@ func (s *Source) receive(i int) {
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
+			s.lanes.Unreserve(reserveLane, room)
 			// Closed while this receive was on its way: hand them back now.
 			changes := make([]visibilityChange, len(entries))
 			for j, e := range entries {
@@ -98,18 +96,11 @@ func (s *Source) receive(i int) {
 			if s.fifo {
 				name = "group/" + e.info.GroupID
 			}
-			l := s.lanes[name]
-			if l == nil {
-				l = &lane{name: name}
-				s.lanes[name] = l
-			}
 			e.msg.Lane = name
-			l.pending = append(l.pending, e)
 			s.held[e] = struct{}{}
-			s.buffered[i]++
-			s.enqueue(l)
+			s.lanes.Add(name, e.msg)
 		}
-		s.broadcast()
 		s.mu.Unlock()
+		s.lanes.Unreserve(reserveLane, room)
 	}
 }

@@ -43,24 +43,16 @@ type Source struct {
 	recvWG     sync.WaitGroup
 	hbWG       sync.WaitGroup
 
-	mu       sync.Mutex
-	wake     chan struct{} // closed and replaced whenever the state below changes
-	closed   bool
-	lanes    map[string]*lane
-	ready    []*lane
-	held     map[*entry]struct{} // received and not yet settled: the heartbeat renews them
-	buffered []int               // per receiver: received and not yet fetched
+	// lanes schedules the received messages: a lane is a receiver of a
+	// standard queue or a message group of a FIFO queue. Its buffer bound
+	// is what makes a receiver pause.
+	lanes *consumer.Lanes
+
+	mu     sync.Mutex
+	closed bool
+	held   map[*entry]struct{} // received and not yet settled: the heartbeat renews them
 
 	stats counters
-}
-
-// lane is an ordered stream of held messages: a receiver of a standard
-// queue, or a message group of a FIFO queue.
-type lane struct {
-	name     string
-	pending  []*entry // received, not yet fetched, in order
-	inFlight *consumer.Batch
-	queued   bool // in Source.ready
 }
 
 var (
@@ -102,8 +94,6 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 		client: client,
 		url:    cfg.QueueURL,
 		log:    cfg.Logger,
-		wake:   make(chan struct{}),
-		lanes:  map[string]*lane{},
 		held:   map[*entry]struct{}{},
 	}
 	if s.url == "" {
@@ -119,13 +109,12 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 	if cfg.UseQueueRedrive && s.maxReceiveCount == 0 {
 		return nil, &ConfigError{Package: "sqs", Field: "UseQueueRedrive", Reason: fmt.Sprintf("queue %s has no RedrivePolicy to leave exhausted messages to", s.url)}
 	}
-	if !s.fifo {
-		for i := 0; i < cfg.Receivers; i++ {
-			name := "receiver/" + strconv.Itoa(i)
-			s.lanes[name] = &lane{name: name}
-		}
+	lc := consumer.LanesConfig{AutoLanes: true, LaneBuffer: cfg.BufferSize}
+	if s.fifo {
+		// A receiver fills many groups: its bound is on the receivers' total.
+		lc = consumer.LanesConfig{AutoLanes: true, Buffer: cfg.BufferSize * cfg.Receivers}
 	}
-	s.buffered = make([]int, cfg.Receivers)
+	s.lanes = consumer.NewLanes(lc)
 	s.logStart()
 	return s, nil
 }
@@ -225,20 +214,6 @@ func (s *Source) ContentIDWindow() time.Duration {
 // delivered again until then.
 func (s *Source) RedeliveryHorizon() time.Duration { return s.retention }
 
-// broadcast wakes every goroutine waiting for a change. s.mu must be held.
-func (s *Source) broadcast() {
-	close(s.wake)
-	s.wake = make(chan struct{})
-}
-
-// enqueue marks l ready to be fetched if it can be. s.mu must be held.
-func (s *Source) enqueue(l *lane) {
-	if !l.queued && l.inFlight == nil && len(l.pending) > 0 {
-		l.queued = true
-		s.ready = append(s.ready, l)
-	}
-}
-
 func (s *Source) start() {
 	s.startOnce.Do(func() {
 		s.ctx, s.cancel = context.WithCancel(context.Background())
@@ -258,44 +233,19 @@ func (s *Source) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
 	if max <= 0 {
 		max = maxPerReceive
 	}
-	s.start()
-	for {
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			return nil, ErrClosed
-		}
-		for len(s.ready) > 0 {
-			l := s.ready[0]
-			s.ready[0] = nil
-			s.ready = s.ready[1:]
-			l.queued = false
-			if l.inFlight != nil || len(l.pending) == 0 {
-				continue
-			}
-			n := min(max, len(l.pending))
-			if s.fifo {
-				n = min(n, s.cfg.GroupBatchSize)
-			}
-			b := &consumer.Batch{Lane: l.name, Messages: make([]*consumer.Message, n), SourceData: l}
-			for i, e := range l.pending[:n] {
-				b.Messages[i] = e.msg
-				s.buffered[e.recv]--
-			}
-			l.pending = append([]*entry(nil), l.pending[n:]...)
-			l.inFlight = b
-			s.broadcast()
-			s.mu.Unlock()
-			return b, nil
-		}
-		wake := s.wake
-		s.mu.Unlock()
-		select {
-		case <-wake:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
+	if s.fifo {
+		max = min(max, s.cfg.GroupBatchSize)
 	}
+	s.start()
+	b, err := s.lanes.Next(ctx, max)
+	if errors.Is(err, consumer.ErrLanesClosed) {
+		return nil, ErrClosed
+	}
+	if err != nil {
+		return nil, err
+	}
+	b.SourceData = s
+	return b, nil
 }
 
 // settleTimeout bounds the deletes and visibility changes of one Settle; it
@@ -312,8 +262,7 @@ const settleTimeout = 30 * time.Second
 // only when a delete or a visibility change may not have reached SQS (a
 // *DeleteError for deletes), and nil for a batch settled already.
 func (s *Source) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.Message, retry []consumer.Retry) error {
-	l, ok := b.SourceData.(*lane)
-	if !ok {
+	if src, ok := b.SourceData.(*Source); !ok || src != s {
 		return errors.New("sqs: Settle: batch did not come from this source")
 	}
 	inBatch := make(map[*entry]bool, len(b.Messages))
@@ -341,32 +290,25 @@ func (s *Source) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.
 	abandoned := len(inBatch)
 
 	s.mu.Lock()
-	if l.inFlight != b {
+	// The queue redelivers what is not deleted: the lane keeps nothing for
+	// redelivery itself. A FIFO group gives back the messages received after
+	// a retried or abandoned one, so that the group comes again in order.
+	ok, dropped := s.lanes.Finish(b, s.fifo && (len(retried) > 0 || abandoned > 0))
+	if !ok {
 		// Settled already: the first Settle's outcome stands, and this one
 		// is not the source's to apply (consumer.Source's contract).
 		s.mu.Unlock()
 		s.log.Debug("sqs: Settle of a batch that is no longer in flight ignored", "queue", s.url, "lane", b.Lane)
 		return nil
 	}
-	l.inFlight = nil
 	for _, m := range b.Messages {
 		delete(s.held, m.SourceData.(*entry))
 	}
-	var released []*entry
-	if s.fifo && (len(retried) > 0 || abandoned > 0) && len(l.pending) > 0 {
-		released = l.pending
-		l.pending = nil
-		for _, e := range released {
-			delete(s.held, e)
-			s.buffered[e.recv]--
-		}
+	released := make([]*entry, len(dropped))
+	for i, m := range dropped {
+		released[i] = m.SourceData.(*entry)
+		delete(s.held, released[i])
 	}
-	if len(l.pending) > 0 {
-		s.enqueue(l)
-	} else if s.fifo {
-		delete(s.lanes, l.name)
-	}
-	s.broadcast()
 	s.mu.Unlock()
 
 	// Stop renewals; the messages handed back wait for a renewal in
@@ -447,7 +389,7 @@ func (s *Source) Close() error {
 		return nil
 	}
 	s.closed = true
-	s.broadcast()
+	unfetched := s.lanes.Close()
 	s.mu.Unlock()
 
 	done := make(chan struct{})
@@ -463,25 +405,22 @@ func (s *Source) Close() error {
 	s.hbWG.Wait()
 
 	s.mu.Lock()
-	var unfetched []visibilityChange
-	for _, l := range s.lanes {
-		for _, e := range l.pending {
-			delete(s.held, e)
-			unfetched = append(unfetched, visibilityChange{e: e})
-		}
-		l.pending = nil
+	changes := make([]visibilityChange, len(unfetched))
+	for i, m := range unfetched {
+		e := m.SourceData.(*entry)
+		delete(s.held, e)
+		changes[i] = visibilityChange{e: e}
 	}
-	s.ready = nil
 	s.mu.Unlock()
-	for _, c := range unfetched {
+	for _, c := range changes {
 		c.e.markSettled()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
 	defer cancel()
-	if err := s.changeVisibility(ctx, unfetched); err != nil {
-		return fmt.Errorf("sqs: release %d unfetched messages: %w", len(unfetched), err)
+	if err := s.changeVisibility(ctx, changes); err != nil {
+		return fmt.Errorf("sqs: release %d unfetched messages: %w", len(changes), err)
 	}
-	s.stats.released.Add(int64(len(unfetched)))
+	s.stats.released.Add(int64(len(changes)))
 	return nil
 }
 
