@@ -87,7 +87,7 @@ var (
 )
 
 func (fullSource) BeforeCommit(context.Context, pgx.Tx, *Batch, []*Message) error { return nil }
-func (fullSource) RedeliveryHorizon() time.Duration                               { return time.Hour }
+func (fullSource) RedeliveryHorizon(context.Context) (time.Duration, error)       { return time.Hour, nil }
 func (fullSource) ContentIDWindow() time.Duration                                 { return time.Minute }
 func (s fullSource) ParkExhausted() bool                                          { return s.parkExhausted }
 func (fullSource) Migrations() []dedupe.Line                                      { return nil }

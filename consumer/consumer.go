@@ -24,6 +24,9 @@ type Consumer struct {
 	waits       *waits
 	parkedTable string
 	idleSQL     string // run after BEGIN in every batch transaction
+	// horizonChecked is false when the source could not say its redelivery
+	// horizon at start-up: it is asked again in the background.
+	horizonChecked bool
 
 	startHooks []BatchStartHook
 	msgHooks   []MessageHook
@@ -198,11 +201,8 @@ func (c *Consumer) preflight(ctx context.Context) error {
 			return fmt.Errorf("consumer: %s maintenance: %w", c.cfg.Strategy.Name(), err)
 		}
 	}
+	c.horizonChecked = c.checkHorizon(ctx)
 	if r := c.retainer; r != nil {
-		if h := c.horizon; h != nil && r.Retention() > 0 && h.RedeliveryHorizon() > r.Retention() {
-			c.log.Warn("dedupe retention is shorter than the source's redelivery horizon: a message redelivered after its marker expired would be applied again",
-				"retention", r.Retention(), "redelivery_horizon", h.RedeliveryHorizon())
-		}
 		if cs := c.contentIDs; cs != nil && cs.ContentIDWindow() > 0 && r.Retention() > cs.ContentIDWindow() {
 			c.log.Warn("the source's default dedupe IDs are hashes of the payload, which its broker forgets after its window: a deliberate resend of the same payload after the window is dropped as a duplicate for the whole dedupe retention (give each message its own ID, or a KeyFunc that tells resends apart)",
 				"window", cs.ContentIDWindow(), "retention", r.Retention())
@@ -211,9 +211,49 @@ func (c *Consumer) preflight(ctx context.Context) error {
 	return nil
 }
 
+// checkHorizon warns when the strategy's markers can expire before the
+// source delivers a message again. It reports false when the source could
+// not say, to be asked again.
+func (c *Consumer) checkHorizon(ctx context.Context) bool {
+	r, h := c.retainer, c.horizon
+	if r == nil || h == nil || r.Retention() <= 0 {
+		return true
+	}
+	d, err := h.RedeliveryHorizon(ctx)
+	if err != nil {
+		c.log.WarnContext(ctx, "cannot read the source's redelivery horizon to compare it with the dedupe retention; asking again later", "err", err)
+		return false
+	}
+	if d > r.Retention() {
+		c.log.WarnContext(ctx, "dedupe retention is shorter than the source's redelivery horizon: a message redelivered after its marker expired would be applied again",
+			"retention", r.Retention(), "redelivery_horizon", d)
+	}
+	return true
+}
+
+// horizonRetry is the first pause before the redelivery horizon is asked
+// again; it doubles up to horizonRetryMax.
+var (
+	horizonRetry    = 5 * time.Second
+	horizonRetryMax = 5 * time.Minute
+)
+
 // startBackground runs the strategy's maintenance and warm-up, if it has
-// any, until ctx is done.
+// any, and asks again for a redelivery horizon the source could not give
+// at start-up, until ctx is done.
 func (c *Consumer) startBackground(ctx context.Context, wg *sync.WaitGroup) {
+	if !c.horizonChecked {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for d := horizonRetry; ctx.Err() == nil; d = min(2*d, horizonRetryMax) {
+				sleep(ctx, d)
+				if ctx.Err() == nil && c.checkHorizon(ctx) {
+					return
+				}
+			}
+		}()
+	}
 	if m := c.maintainer; m != nil {
 		wg.Add(1)
 		go func() {

@@ -145,10 +145,11 @@ type TxSource interface {
 
 // HorizonSource is implemented by sources that know how long after a
 // delivery the same message can be delivered again (Kafka retention, SQS
-// retention). The consumer warns at start-up when its strategy's retention is
-// shorter.
+// retention). The consumer asks at start-up and warns when its strategy's
+// retention is shorter; when the source cannot say yet (an error), the
+// consumer logs it and asks again in the background until it can.
 type HorizonSource interface {
-	RedeliveryHorizon() time.Duration
+	RedeliveryHorizon(ctx context.Context) (time.Duration, error)
 }
 
 // ContentIDSource is implemented by sources whose default dedupe ID

@@ -11,7 +11,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 )
 
-// horizonTimeout bounds the DescribeConfigs call behind RedeliveryHorizon.
+// horizonTimeout bounds each DescribeConfigs call behind RedeliveryHorizon.
 const horizonTimeout = 10 * time.Second
 
 // horizonCache keeps the retention the brokers reported. Only an answer is
@@ -22,13 +22,14 @@ type horizonCache struct {
 	d     time.Duration
 }
 
-// Horizon returns the longest retention.ms of the configured topics: a
+// RedeliveryHorizon returns the longest retention.ms of the configured topics: a
 // record can be delivered again (after an offset reset, or to a new group)
 // for as long as the broker keeps it. Topics that keep records forever
 // (retention.ms = -1) give math.MaxInt64. The first answer is kept; a
 // failure (the brokers cannot be reached, a topic is missing) is returned
 // and not kept, so a later call asks again.
-func (s *Source) Horizon(ctx context.Context) (time.Duration, error) {
+// It implements consumer.HorizonSource.
+func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, error) {
 	s.horizon.mu.Lock()
 	defer s.horizon.mu.Unlock()
 	if s.horizon.known {
@@ -42,18 +43,6 @@ func (s *Source) Horizon(ctx context.Context) (time.Duration, error) {
 	}
 	s.horizon.known, s.horizon.d = true, d
 	return d, nil
-}
-
-// RedeliveryHorizon is Horizon for consumer.HorizonSource, bounded by ten
-// seconds: when the brokers cannot say, it logs why and returns 0
-// (unknown), and the next call asks them again.
-func (s *Source) RedeliveryHorizon() time.Duration {
-	d, err := s.Horizon(context.Background())
-	if err != nil {
-		s.log.Warn("kafka: cannot read topic retention", "topics", s.cfg.Topics, "err", err)
-		return 0
-	}
-	return d
 }
 
 func (s *Source) retention(ctx context.Context) (time.Duration, error) {

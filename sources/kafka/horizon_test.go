@@ -24,8 +24,8 @@ func TestRedeliveryHorizon(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if got := s.RedeliveryHorizon(); got != 72*time.Hour {
-		t.Errorf("RedeliveryHorizon = %s, want the longest retention, 72h", got)
+	if got, err := s.RedeliveryHorizon(ctx); err != nil || got != 72*time.Hour {
+		t.Errorf("RedeliveryHorizon = %s, %v; want the longest retention, 72h", got, err)
 	}
 
 	missing, err := New(nil, Config{Brokers: k.Brokers(), Group: "g", Topics: []string{kafkatest.Name("missing")}, KafkaOffsetsOnly: true})
@@ -33,8 +33,8 @@ func TestRedeliveryHorizon(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer missing.Close()
-	if got := missing.RedeliveryHorizon(); got != 0 {
-		t.Errorf("RedeliveryHorizon of a missing topic = %s, want 0 (unknown)", got)
+	if got, err := missing.RedeliveryHorizon(ctx); err == nil {
+		t.Errorf("RedeliveryHorizon of a missing topic = %s, want an error", got)
 	}
 }
 
@@ -51,20 +51,14 @@ func TestRedeliveryHorizonRetries(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if d, err := s.Horizon(ctx); err == nil {
-		t.Fatalf("Horizon of a missing topic = %s, want an error", d)
-	}
-	if got := s.RedeliveryHorizon(); got != 0 {
-		t.Fatalf("RedeliveryHorizon of a missing topic = %s, want 0 (unknown)", got)
+	if d, err := s.RedeliveryHorizon(ctx); err == nil {
+		t.Fatalf("RedeliveryHorizon of a missing topic = %s, want an error", d)
 	}
 	if err := k.CreateTopic(ctx, topic, 1, 5*time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if d, err := s.Horizon(ctx); err != nil || d != 5*time.Hour {
-		t.Fatalf("Horizon after the topic was created = %s, %v; want 5h (the failure must not be kept)", d, err)
-	}
-	if got := s.RedeliveryHorizon(); got != 5*time.Hour {
-		t.Errorf("RedeliveryHorizon = %s, want 5h", got)
+	if d, err := s.RedeliveryHorizon(ctx); err != nil || d != 5*time.Hour {
+		t.Fatalf("RedeliveryHorizon after the topic was created = %s, %v; want 5h (the failure must not be kept)", d, err)
 	}
 
 	cancelled, stop := context.WithCancel(ctx)
@@ -74,10 +68,10 @@ func TestRedeliveryHorizonRetries(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer other.Close()
-	if _, err := other.Horizon(cancelled); err == nil {
-		t.Fatal("Horizon with a cancelled ctx succeeded, want ctx's error")
+	if _, err := other.RedeliveryHorizon(cancelled); err == nil {
+		t.Fatal("RedeliveryHorizon with a cancelled ctx succeeded, want ctx's error")
 	}
-	if d, err := other.Horizon(ctx); err != nil || d != 5*time.Hour {
-		t.Fatalf("Horizon after a cancelled call = %s, %v; want 5h", d, err)
+	if d, err := other.RedeliveryHorizon(ctx); err != nil || d != 5*time.Hour {
+		t.Fatalf("RedeliveryHorizon after a cancelled call = %s, %v; want 5h", d, err)
 	}
 }

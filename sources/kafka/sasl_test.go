@@ -52,8 +52,8 @@ func TestSASL(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := s.RedeliveryHorizon(); got != time.Hour {
-		t.Errorf("RedeliveryHorizon over SASL = %s, want 1h", got)
+	if got, err := s.RedeliveryHorizon(ctx); err != nil || got != time.Hour {
+		t.Errorf("RedeliveryHorizon over SASL = %s, %v; want 1h", got, err)
 	}
 }
 

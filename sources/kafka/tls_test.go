@@ -121,8 +121,8 @@ func consumeSecured(t *testing.T, k *kafkatest.Cluster, mutate func(*Config)) {
 	if rows, distinct := e.effects(); rows != n || distinct != n {
 		t.Errorf("effects: %d rows of %d distinct records, want %d of %d", rows, distinct, n, n)
 	}
-	if got := s.RedeliveryHorizon(); got != time.Hour {
-		t.Errorf("RedeliveryHorizon = %s, want 1h (the topic's retention, read over the same connection settings)", got)
+	if got, err := s.RedeliveryHorizon(ctx); err != nil || got != time.Hour {
+		t.Errorf("RedeliveryHorizon = %s, %v; want 1h (the topic's retention, read over the same connection settings)", got, err)
 	}
 }
 

@@ -212,7 +212,7 @@ func (s *Source) ContentIDWindow() time.Duration {
 // RedeliveryHorizon returns the queue's message retention period: a message
 // received, processed and not deleted (a crash before the delete) can be
 // delivered again until then.
-func (s *Source) RedeliveryHorizon() time.Duration { return s.retention }
+func (s *Source) RedeliveryHorizon(context.Context) (time.Duration, error) { return s.retention, nil }
 
 func (s *Source) start() {
 	s.startOnce.Do(func() {

@@ -377,8 +377,8 @@ func TestHorizonAndRedrive(t *testing.T) {
 		t.Errorf("start-up log does not say that the redrive policy applies:\n%s", logs.String())
 	}
 	logMu.Unlock()
-	if h := src.RedeliveryHorizon(); h != time.Hour {
-		t.Fatalf("RedeliveryHorizon = %s, want 1h", h)
+	if h, err := src.RedeliveryHorizon(context.Background()); err != nil || h != time.Hour {
+		t.Fatalf("RedeliveryHorizon = %s, %v; want 1h", h, err)
 	}
 	if n := src.MaxReceiveCount(); n != 3 {
 		t.Fatalf("MaxReceiveCount = %d, want 3", n)
