@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -61,6 +62,9 @@ func (c *Consumer) handleAll(ctx context.Context, tx pgx.Tx, news []*item, st *B
 // earlier pass decided to park, and returns the others: their handlers do
 // not run again.
 func (c *Consumer) parkDecided(news []*item) []*item {
+	if !slices.ContainsFunc(news, func(it *item) bool { return it.failed != nil }) {
+		return news
+	}
 	run := news[:0:0]
 	for _, it := range news {
 		if it.failed != nil {

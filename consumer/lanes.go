@@ -67,7 +67,7 @@ type Lanes struct {
 	fresh    int                     // undelivered messages in all lanes
 	reserved int                     // places reserved in all lanes
 	blocked  int                     // Reserve calls waiting for room
-	wake     chan struct{}           // closed and replaced at every change
+	wake     chan struct{}           // closed at the next change; nil until waited for
 	closed   bool
 	err      error // returned by Next while there are no lanes
 }
@@ -98,7 +98,6 @@ func NewLanes(cfg LanesConfig) *Lanes {
 		cfg:     cfg,
 		lanes:   map[string]*laneQueue{},
 		waiting: map[*laneQueue]struct{}{},
-		wake:    make(chan struct{}),
 	}
 }
 
@@ -199,7 +198,7 @@ func (s *Lanes) Reserve(ctx context.Context, name string, n int) (int, error) {
 			s.mu.Unlock()
 			return room, nil
 		}
-		wake := s.wake
+		wake := s.waiter()
 		s.blocked++
 		s.mu.Unlock()
 		select {
@@ -313,7 +312,7 @@ func (s *Lanes) Next(ctx context.Context, limit int) (*Batch, error) {
 			s.mu.Unlock()
 			return nil, err
 		}
-		wake := s.wake
+		wake := s.waiter()
 		s.mu.Unlock()
 
 		var due <-chan time.Time

@@ -144,7 +144,7 @@ func (s *Lanes) Idle() bool {
 func (s *Lanes) Changed() <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.wake
+	return s.waiter()
 }
 
 // Close makes Next and Reserve return ErrLanesClosed and Add refuse
@@ -176,8 +176,20 @@ func (s *Lanes) Close() []*Message {
 
 // broadcast wakes every goroutine waiting for a change. s.mu must be held.
 func (s *Lanes) broadcast() {
-	close(s.wake)
-	s.wake = make(chan struct{})
+	if s.wake != nil {
+		close(s.wake)
+		s.wake = nil
+	}
+}
+
+// waiter returns the channel that the next change closes, made when
+// somebody first waits for it, so that changes nobody waits for (a
+// producer adding message after message) cost nothing. s.mu must be held.
+func (s *Lanes) waiter() chan struct{} {
+	if s.wake == nil {
+		s.wake = make(chan struct{})
+	}
+	return s.wake
 }
 
 func bySeq(a, b laneSlot) int { return cmp.Compare(a.seq, b.seq) }

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"fmt"
+	"slices"
 )
 
 // The ordering gate: for a sequenced strategy, a sender's messages apply in
@@ -111,6 +112,9 @@ func (p *path) wait(it *item, why string) bool {
 
 // pending returns the items of group that have no outcome yet.
 func pending(group []*item) []*item {
+	if !slices.ContainsFunc(group, func(it *item) bool { return it.outcome != 0 }) {
+		return group
+	}
 	out := group[:0:0]
 	for _, it := range group {
 		if it.outcome == 0 {

@@ -126,13 +126,6 @@ func (b *Broker) Publish(laneIdx int, m consumer.Message) {
 // the delivery, a fresh copy.
 func (e *entry) ticket() *consumer.Message { return &consumer.Message{SourceData: e} }
 
-// message returns a new delivery of e, carrying e as its SourceData.
-func (e *entry) message() *consumer.Message {
-	m := e.delivery()
-	m.SourceData = e
-	return &m
-}
-
 // Crash simulates the consumer process dying: batches in flight are
 // forgotten (their Settle calls are ignored) and every lane delivers again,
 // in order, each message it has not had acknowledged.
@@ -217,12 +210,14 @@ func (b *Broker) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for i, m := range batch.Messages {
+	for _, m := range batch.Messages {
 		e := m.SourceData.(*entry)
 		e.deliveries++
-		m = e.message() // a fresh copy: a handler's changes reach no other delivery
+		// The ticket becomes this delivery: each ticket is handed out
+		// once, so a handler's changes reach no other delivery.
+		*m = e.delivery()
+		m.SourceData = e
 		m.Attempt = e.deliveries
-		batch.Messages[i] = m
 		b.stats.Delivered++
 		if b.cfg.DuplicateRate > 0 && b.rng.Float64() < b.cfg.DuplicateRate {
 			// Deliver it again later in the lane.

@@ -76,7 +76,8 @@ type Config struct {
 	// round trip. Defaults to a third of VisibilityTimeout.
 	HeartbeatInterval time.Duration
 	// BufferSize is the most received messages one receiver holds before the
-	// consumer fetches them; the receiver pauses while it is full. Held
+	// consumer fetches them (on a FIFO queue, the receivers share one buffer
+	// of Receivers × BufferSize); a receiver pauses while it is full. Held
 	// messages are kept invisible by the heartbeat. Defaults to 100
 	// (DefaultBufferSize).
 	BufferSize int
