@@ -169,20 +169,7 @@ func testCommitter(e *env) {
 // without calling Committed, as another process sharing the store would.
 func (e *env) claimUnreported(keys []dedupe.Key) []dedupe.Verdict {
 	e.Helper()
-	ctx := context.Background()
-	tx, err := e.pool.Begin(ctx)
-	if err != nil {
-		e.Fatalf("begin: %v", err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	vs, err := e.claimTx(ctx, tx, keys)
-	if err != nil {
-		e.Fatalf("Claim(%s): %v", describe(keys), err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		e.Fatalf("commit: %v", err)
-	}
-	return vs
+	return e.claimCommit(keys, true, false)
 }
 
 // committersInParallel claims and reports in several goroutines at once,

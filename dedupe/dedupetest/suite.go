@@ -139,6 +139,13 @@ func (e *env) claimRollback(keys []dedupe.Key) []dedupe.Verdict {
 
 func (e *env) claimEnd(keys []dedupe.Key, commit bool) []dedupe.Verdict {
 	e.Helper()
+	return e.claimCommit(keys, commit, commit)
+}
+
+// claimCommit claims keys in a transaction of its own, commits it if
+// commit, and reports the verdicts to a Committer if report.
+func (e *env) claimCommit(keys []dedupe.Key, commit, report bool) []dedupe.Verdict {
+	e.Helper()
 	ctx := context.Background()
 	tx, err := e.pool.Begin(ctx)
 	if err != nil {
@@ -153,7 +160,9 @@ func (e *env) claimEnd(keys []dedupe.Key, commit bool) []dedupe.Verdict {
 		if err := tx.Commit(ctx); err != nil {
 			e.Fatalf("commit: %v", err)
 		}
-		e.committed(keys, vs)
+		if report {
+			e.committed(keys, vs)
+		}
 	}
 	return vs
 }
