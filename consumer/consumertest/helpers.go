@@ -19,7 +19,8 @@ import (
 // batches report, and reading the effects and parked rows it left.
 
 // Logger returns a debug-level text logger on stderr when the TEST_LOG
-// environment variable is set, and nil (a quiet consumer) otherwise.
+// environment variable is set, and nil otherwise, so that the consumer
+// keeps its default: warnings and errors on stderr.
 func Logger() *slog.Logger {
 	if os.Getenv("TEST_LOG") == "" {
 		return nil
