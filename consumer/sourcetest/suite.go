@@ -111,6 +111,11 @@ type Harness struct {
 	RedeliveryDelay time.Duration
 	// Features describe what the broker cannot do.
 	Features Features
+	// ExhaustedAfter is, for a consumer.ExhaustionSource whose
+	// ParkExhausted is false, the number of deliveries after which the
+	// broker moves a message aside (an SQS redrive policy's
+	// maxReceiveCount). Defaults to 0: the check that it does is skipped.
+	ExhaustedAfter int
 }
 
 // Run runs the conformance suite against the source h describes. Every
@@ -138,6 +143,12 @@ func Run(t *testing.T, h Harness) {
 		{"LostLane", testLostLane},
 		{"SettleTwice", testSettleTwice},
 		{"LostAck", testLostAck},
+		{"HorizonSource", testHorizon},
+		{"ContentIDSource", testContentID},
+		{"ExhaustionSource", testExhaustion},
+		{"Migrator", testMigrator},
+		{"TxSourceCommitted", testTxCommitted},
+		{"TxSourceRolledBack", testTxRolledBack},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
