@@ -83,7 +83,9 @@ type Broker struct {
 	// before opening the next. Required.
 	Open func(t *testing.T) consumer.Source
 	// DB holds the state a consumer.TxSource writes in the batch
-	// transaction (Kafka offsets). Required when the source is a TxSource.
+	// transaction (Kafka offsets), and the tables of a source that is a
+	// dedupe.Migrator (the suite migrates them again, with the migrations
+	// table in dedupe.DefaultSchema). Required when the source is either.
 	DB dedupe.DB
 	// LoseLanes makes src lose every lane it holds and then get them back,
 	// as in a consumer group rebalance, and returns once the batches src
