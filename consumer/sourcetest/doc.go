@@ -32,6 +32,22 @@
 // their bytes (and nil stays distinct from empty where the source can tell
 // them apart).
 //
+// It also checks each optional interface of a source (package consumer's
+// documentation lists them) that the source implements, found by type
+// assertion as consumer.New finds it, and skips the check with the reason
+// when it does not: a HorizonSource answers promptly with a cancelled
+// context (an error, or what it knows already) and, once set up, a positive
+// horizon, the same at every call; a ContentIDSource's window is never
+// negative and does not change; an ExhaustionSource's ParkExhausted does
+// not change, and when it is false no message is delivered after the
+// broker's limit (Harness.ExhaustedAfter); a source that is a
+// dedupe.Migrator has lines that dedupe.Migrate applies, after which a
+// second Migrate applies nothing; and a TxSource's BeforeCommit writes
+// with its transaction: what it acknowledged in a transaction that
+// committed is not delivered again after a restart or a lost lane, even
+// unsettled, and what it was to acknowledge in one that rolled back comes
+// back.
+//
 // Features turn off or adjust the checks a broker cannot pass, and the
 // optional Broker hooks (LoseLanes, FailAcks) enable the checks that need
 // them; a skipped check says why.

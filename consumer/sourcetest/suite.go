@@ -83,7 +83,9 @@ type Broker struct {
 	// before opening the next. Required.
 	Open func(t *testing.T) consumer.Source
 	// DB holds the state a consumer.TxSource writes in the batch
-	// transaction (Kafka offsets). Required when the source is a TxSource.
+	// transaction (Kafka offsets), and the tables of a source that is a
+	// dedupe.Migrator (the suite migrates them again, with the migrations
+	// table in dedupe.DefaultSchema). Required when the source is either.
 	DB dedupe.DB
 	// LoseLanes makes src lose every lane it holds and then get them back,
 	// as in a consumer group rebalance, and returns once the batches src
@@ -111,6 +113,11 @@ type Harness struct {
 	RedeliveryDelay time.Duration
 	// Features describe what the broker cannot do.
 	Features Features
+	// ExhaustedAfter is, for a consumer.ExhaustionSource whose
+	// ParkExhausted is false, the number of deliveries after which the
+	// broker moves a message aside (an SQS redrive policy's
+	// maxReceiveCount). Defaults to 0: the check that it does is skipped.
+	ExhaustedAfter int
 }
 
 // Run runs the conformance suite against the source h describes. Every
@@ -138,6 +145,12 @@ func Run(t *testing.T, h Harness) {
 		{"LostLane", testLostLane},
 		{"SettleTwice", testSettleTwice},
 		{"LostAck", testLostAck},
+		{"HorizonSource", testHorizon},
+		{"ContentIDSource", testContentID},
+		{"ExhaustionSource", testExhaustion},
+		{"Migrator", testMigrator},
+		{"TxSourceCommitted", testTxCommitted},
+		{"TxSourceRolledBack", testTxRolledBack},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
