@@ -1,0 +1,179 @@
+package outbox
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"strings"
+
+	"github.com/effectively-once/effectively/dedupe"
+	"github.com/jackc/pgx/v5"
+)
+
+// Partitions is the number of virtual partitions keys hash into. Each is
+// leased to one relay at a time. It is fixed, so that every emitter and
+// relay agrees on it.
+const Partitions = 64
+
+// Defaults.
+const (
+	DefaultSchema          = dedupe.DefaultSchema
+	DefaultTable           = "outbox"
+	DefaultMaxMessageBytes = 1 << 20
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Config configures an Outbox. The zero value is usable.
+type Config struct {
+	// Schema holds the outbox's tables. Defaults to DefaultSchema.
+	Schema string
+	// Table is the messages table; the other tables take it as a prefix
+	// (Table_counters, Table_leases, Table_relays), and it names the NOTIFY
+	// channel. Defaults to DefaultTable.
+	Table string
+	// Sinks, when set, lists the sink names Emit accepts, so that a typo
+	// fails at Emit instead of parking at the relay. Defaults to accepting
+	// any non-empty name.
+	Sinks []string
+	// MaxMessageBytes is the largest message (key, value, headers and ID)
+	// Emit accepts. Defaults to DefaultMaxMessageBytes (Kafka's default
+	// message.max.bytes is about that).
+	MaxMessageBytes int
+}
+
+// Outbox adds messages to the outbox table inside the caller's transaction.
+// It is safe for concurrent use.
+type Outbox struct {
+	cfg   Config
+	sinks map[string]bool
+	t     tables
+}
+
+type tables struct {
+	messages, counters, leases, relays string // quoted, schema-qualified
+	channel                                 string // raw channel name
+	line                                    dedupe.Line
+}
+
+func newTables(schema, table string) tables {
+	q := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+	sub, _ := fs.Sub(migrationFiles, "migrations")
+	return tables{
+		messages: q(table),
+		counters: q(table + "_counters"),
+		leases:   q(table + "_leases"),
+		relays:   q(table + "_relays"),
+		channel:  schema + "." + table,
+		line: dedupe.Line{
+			Name: "outbox:" + table,
+			FS:   sub,
+			Idents: map[string]string{
+				"schema":   schema,
+				"messages": table,
+				"counters": table + "_counters",
+				"leases":   table + "_leases",
+				"relays":   table + "_relays",
+			},
+		},
+	}
+}
+
+func (c *Config) defaults() error {
+	if c.Schema == "" {
+		c.Schema = DefaultSchema
+	}
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.MaxMessageBytes < 0 {
+		return fmt.Errorf("outbox: Config.MaxMessageBytes is negative")
+	}
+	if strings.ContainsRune(c.Schema+c.Table, 0) {
+		return fmt.Errorf("outbox: Config.Schema and Config.Table must not contain NUL")
+	}
+	return nil
+}
+
+// New returns an Outbox.
+func New(cfg Config) (*Outbox, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	o := &Outbox{cfg: cfg, t: newTables(cfg.Schema, cfg.Table)}
+	if len(cfg.Sinks) > 0 {
+		o.sinks = map[string]bool{}
+		for _, s := range cfg.Sinks {
+			if s == "" {
+				return nil, errors.New("outbox: Config.Sinks holds an empty name")
+			}
+			o.sinks[s] = true
+		}
+	}
+	return o, nil
+}
+
+// Line returns the outbox's migrations, for dedupe.Migrate,
+// dedupe.MigrationSQL or a consumer's migrations.
+func (o *Outbox) Line() dedupe.Line { return o.t.line }
+
+// Migrate applies the outbox's migrations to db (dedupe.Migrate over Line).
+func (o *Outbox) Migrate(ctx context.Context, db dedupe.DB) error {
+	_, err := dedupe.Migrate(ctx, db, o.cfg.Schema, o.t.line)
+	return err
+}
+
+// partition is the virtual partition of a message: its (sink, key), or
+// its ID when it has no key.
+func partition(sink string, key []byte, id string) int32 {
+	h := fnv.New32a()
+	h.Write([]byte(sink))
+	h.Write([]byte{0})
+	if key != nil {
+		h.Write([]byte{1})
+		h.Write(key)
+	} else {
+		h.Write([]byte{0})
+		h.Write([]byte(id))
+	}
+	return int32(h.Sum32() % Partitions)
+}
+
+func (o *Outbox) validate(i int, m *Message) error {
+	bad := func(format string, args ...any) error {
+		return &MessageError{Index: i, Sink: m.Sink, Reason: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case m.Sink == "":
+		return bad("empty sink")
+	case o.sinks != nil && !o.sinks[m.Sink]:
+		return bad("unknown sink (Config.Sinks lists the known ones)")
+	case checkText(m.Sink) != "":
+		return bad("sink name %s", checkText(m.Sink))
+	case checkText(m.ID) != "":
+		return bad("ID %s", checkText(m.ID))
+	case len(m.ID) > dedupe.DefaultMaxIDLen:
+		return bad("ID is %d bytes, longer than %d", len(m.ID), dedupe.DefaultMaxIDLen)
+	}
+	for _, h := range m.Headers {
+		switch {
+		case h.Key == "":
+			return bad("header with an empty name")
+		case checkText(h.Key) != "":
+			return bad("header name %q %s", h.Key, checkText(h.Key))
+		case strings.EqualFold(h.Key, IDHeader):
+			return bad("header %q is set by the relay from Message.ID: set ID instead", h.Key)
+		}
+	}
+	if n := m.size(); n > o.cfg.MaxMessageBytes {
+		return bad("%d bytes, larger than MaxMessageBytes (%d)", n, o.cfg.MaxMessageBytes)
+	}
+	return nil
+}

@@ -1,0 +1,133 @@
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// pass reads one batch of publishable rows of the partitions held, publishes
+// them sink by sink and writes back what became of each. It returns how
+// many rows it read.
+func (r *Relay) pass(ctx context.Context) (int, error) {
+	parts, gens := r.held()
+	if len(parts) == 0 {
+		return 0, nil
+	}
+	rows, err := r.fetch(ctx, parts, r.cfg.BatchSize)
+	if err != nil || len(rows) == 0 {
+		return 0, err
+	}
+	if r.cfg.beforeCheck != nil {
+		r.cfg.beforeCheck()
+	}
+	// Only rows whose lease is still good by this relay's clock go out,
+	// and the publish may not outlast the earliest of their leases.
+	var deadline time.Time
+	live := rows[:0:0]
+	for _, x := range rows {
+		d, ok := r.valid(x.part)
+		if !ok {
+			continue
+		}
+		if deadline.IsZero() || d.Before(deadline) {
+			deadline = d
+		}
+		live = append(live, x)
+	}
+	if len(live) == 0 {
+		return len(rows), nil
+	}
+	pctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+
+	var outs []outcome
+	bySink := map[string][]row{}
+	var order []string
+	for _, x := range live {
+		if _, ok := bySink[x.msg.Sink]; !ok {
+			order = append(order, x.msg.Sink)
+		}
+		bySink[x.msg.Sink] = append(bySink[x.msg.Sink], x)
+	}
+	for _, name := range order {
+		outs = append(outs, r.publish(pctx, name, bySink[name])...)
+	}
+	if r.cfg.afterPublish != nil {
+		if err := r.cfg.afterPublish(live); err != nil {
+			return 0, err
+		}
+	}
+	// Mark even when ctx is done: what was published should not be again.
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
+	defer scancel()
+	n, err := r.settle(sctx, outs, parts, gens)
+	if err != nil {
+		return 0, err
+	}
+	if n < int64(len(outs)) {
+		r.log.Warn("outbox: lease lost before marking; another relay publishes these again",
+			"owner", r.owner, "rows", len(outs), "marked", n)
+	}
+	return len(rows), nil
+}
+
+// publish sends one sink's rows and returns their outcomes. Once a row of
+// a key fails, the key's later rows of the batch get no outcome (they stay
+// as they were and come back, after the failed one, in a later pass), even
+// if the sink published them: that is a duplicate, never a reordering of
+// what is marked.
+func (r *Relay) publish(ctx context.Context, name string, rows []row) []outcome {
+	sink := r.cfg.Sinks[name]
+	if sink == nil {
+		reason := fmt.Sprintf("outbox: no sink named %q in RelayConfig.Sinks", name)
+		return r.outcomes(ctx, rows, func(int) error { return Permanent(errors.New(reason)) })
+	}
+	msgs := make([]Message, len(rows))
+	for i := range rows {
+		msgs[i] = rows[i].msg
+	}
+	err := sink.Publish(ctx, msgs)
+	var pe PublishErrors
+	switch {
+	case err == nil:
+		return r.outcomes(ctx, rows, func(int) error { return nil })
+	case errors.As(err, &pe):
+		return r.outcomes(ctx, rows, func(i int) error { return pe[i] })
+	default:
+		return r.outcomes(ctx, rows, func(int) error { return err })
+	}
+}
+
+func (r *Relay) outcomes(ctx context.Context, rows []row, errOf func(int) error) []outcome {
+	var outs []outcome
+	var failedSink string
+	var failedKey []byte
+	failed := false
+	for i, x := range rows {
+		if failed && x.msg.Key != nil && x.msg.Sink == failedSink && bytes.Equal(x.msg.Key, failedKey) {
+			continue // held back behind the failure
+		}
+		err := errOf(i)
+		switch {
+		case err == nil:
+			outs = append(outs, outcome{id: x.id, kind: outPublished})
+			continue
+		case IsPermanent(err):
+			r.log.Warn("outbox: message refused for good, parked", "sink", x.msg.Sink, "id", x.msg.ID, "err", err)
+			outs = append(outs, outcome{id: x.id, kind: outPark, err: err.Error()})
+		case ctx.Err() != nil:
+			// Shutting down or past the lease: not the message's fault.
+		default:
+			d := backoff(r.cfg.MinBackoff, r.cfg.MaxBackoff, x.attempts+1)
+			r.log.Debug("outbox: publish failed, retrying", "sink", x.msg.Sink, "id", x.msg.ID, "in", d, "err", err)
+			outs = append(outs, outcome{id: x.id, kind: outRetry, err: err.Error(), delay: d})
+		}
+		if x.msg.Key != nil {
+			failed, failedSink, failedKey = true, x.msg.Sink, x.msg.Key
+		}
+	}
+	return outs
+}

@@ -1,0 +1,302 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/effectively-once/effectively/dedupe"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Relay defaults.
+const (
+	DefaultBatchSize    = 500
+	DefaultLeaseTTL     = 10 * time.Second
+	DefaultPollInterval = time.Second
+	DefaultMinBackoff   = 100 * time.Millisecond
+	DefaultMaxBackoff   = 30 * time.Second
+	DefaultRetention    = 24 * time.Hour
+	DefaultCleanupBatch = 1000
+)
+
+// RelayConfig configures a Relay.
+type RelayConfig struct {
+	// Schema and Table name the outbox, as in Config. Default to
+	// DefaultSchema and DefaultTable.
+	Schema, Table string
+	// Sinks maps the sink names messages give to where they go. Required.
+	// A message to a sink not listed here is parked.
+	Sinks map[string]Sink
+	// Owner names this relay in the leases table. Defaults to the host
+	// name, the process ID and a random suffix.
+	Owner string
+	// BatchSize is the most rows one pass reads and publishes. Defaults to
+	// DefaultBatchSize.
+	BatchSize int
+	// LeaseTTL is how long a partition lease lasts without renewal; the
+	// relay renews every third of it. Defaults to DefaultLeaseTTL.
+	LeaseTTL time.Duration
+	// LeaseMargin is how long before its lease's expiry (by its own clock)
+	// a relay stops publishing for the partition. It covers clock rate
+	// differences and the time a publish takes. Defaults to LeaseTTL / 4.
+	LeaseMargin time.Duration
+	// PollInterval is how often the relay looks for work without a
+	// notification. Defaults to DefaultPollInterval.
+	PollInterval time.Duration
+	// PollOnly turns LISTEN off, for connections through PgBouncer in
+	// transaction pooling mode. LISTEN also needs a db with
+	// Acquire (a *pgxpool.Pool); without it the relay polls. Defaults to
+	// false.
+	PollOnly bool
+	// MinBackoff and MaxBackoff bound the wait before a message that failed
+	// transiently is tried again; the wait doubles with each attempt.
+	// Default to DefaultMinBackoff and DefaultMaxBackoff.
+	MinBackoff, MaxBackoff time.Duration
+	// Retention is how long published rows are kept before the cleanup
+	// deletes them. Defaults to DefaultRetention.
+	Retention time.Duration
+	// CleanupInterval is how often the cleanup runs. Defaults to Retention
+	// / 10, at most an hour.
+	CleanupInterval time.Duration
+	// CleanupBatch is the most rows one DELETE removes. Defaults to
+	// DefaultCleanupBatch.
+	CleanupBatch int
+	// Logger receives the relay's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+
+	// Hooks for the package's tests; nil in use.
+	now          func() time.Time
+	beforeCheck  func()
+	afterPublish func(rows []row) error
+}
+
+func (c *RelayConfig) defaults() error {
+	set := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	if c.Schema == "" {
+		c.Schema = DefaultSchema
+	}
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	if len(c.Sinks) == 0 {
+		return errors.New("outbox: RelayConfig.Sinks is required")
+	}
+	for name, s := range c.Sinks {
+		if s == nil {
+			return fmt.Errorf("outbox: RelayConfig.Sinks[%q] is nil", name)
+		}
+	}
+	if c.Owner == "" {
+		host, _ := os.Hostname()
+		b := make([]byte, 4)
+		_, _ = rand.Read(b)
+		c.Owner = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	set(&c.LeaseTTL, DefaultLeaseTTL)
+	set(&c.LeaseMargin, c.LeaseTTL/4)
+	set(&c.PollInterval, DefaultPollInterval)
+	set(&c.MinBackoff, DefaultMinBackoff)
+	set(&c.MaxBackoff, DefaultMaxBackoff)
+	set(&c.Retention, DefaultRetention)
+	set(&c.CleanupInterval, min(c.Retention/10, time.Hour))
+	if c.CleanupBatch == 0 {
+		c.CleanupBatch = DefaultCleanupBatch
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	switch {
+	case c.BatchSize < 0, c.CleanupBatch < 0, c.PollInterval < 0, c.Retention < 0, c.CleanupInterval <= 0:
+		return errors.New("outbox: RelayConfig has a negative size or duration")
+	case c.LeaseMargin < 0 || c.LeaseMargin >= c.LeaseTTL:
+		return errors.New("outbox: RelayConfig.LeaseMargin must be at least 0 and less than LeaseTTL")
+	case c.MinBackoff < 0 || c.MaxBackoff < c.MinBackoff:
+		return errors.New("outbox: RelayConfig.MaxBackoff must be at least MinBackoff, which must not be negative")
+	}
+	return nil
+}
+
+// Relay publishes committed outbox rows to their sinks. Run several, in
+// one process or many: each publishes the partitions it leases.
+type Relay struct {
+	db    dedupe.DB
+	cfg   RelayConfig
+	t     tables
+	owner string
+	log   *slog.Logger
+	now   func() time.Time
+
+	mu     sync.Mutex
+	leases map[int32]lease
+}
+
+// NewRelay returns a Relay over db, which should be a pool: the relay
+// commits its own work.
+func NewRelay(db dedupe.DB, cfg RelayConfig) (*Relay, error) {
+	if db == nil {
+		return nil, errors.New("outbox: NewRelay: nil db")
+	}
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	return &Relay{db: db, cfg: cfg, t: newTables(cfg.Schema, cfg.Table), owner: cfg.Owner,
+		log: cfg.Logger, now: cfg.now, leases: map[int32]lease{}}, nil
+}
+
+// errCrash, returned by a test hook, makes Run return at once, as a crash
+// would: no marking, no release of leases.
+var errCrash = errors.New("outbox: simulated crash")
+
+// Run publishes until ctx is done, then finishes the pass in progress
+// (what was published is marked), gives its leases back and returns nil.
+// It returns an error only when it cannot go on.
+func (r *Relay) Run(ctx context.Context) error {
+	wake := make(chan struct{}, 1)
+	lctx, stopListen := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	if acq, ok := r.db.(interface {
+		Acquire(context.Context) (*pgxpool.Conn, error)
+	}); ok && !r.cfg.PollOnly {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.listen(lctx, acq.Acquire, wake) }()
+	}
+	defer func() { stopListen(); wg.Wait() }()
+
+	poll := time.NewTimer(0)
+	defer poll.Stop()
+	var nextLease, nextCleanup time.Time
+	failures := 0
+	for {
+		if ctx.Err() != nil {
+			return r.shutdown()
+		}
+		if !time.Now().Before(nextLease) {
+			if err := r.tickLeases(ctx); err != nil {
+				if ctx.Err() != nil {
+					continue
+				}
+				r.log.Warn("outbox: leases", "owner", r.owner, "err", err)
+			}
+			nextLease = time.Now().Add(r.cfg.LeaseTTL / 3)
+		}
+		if !time.Now().Before(nextCleanup) {
+			parts, _ := r.held()
+			if n, err := r.cleanup(ctx, parts); err != nil && ctx.Err() == nil {
+				r.log.Warn("outbox: cleanup", "err", err)
+			} else if n > 0 {
+				r.log.Debug("outbox: cleanup", "deleted", n)
+			}
+			nextCleanup = time.Now().Add(r.cfg.CleanupInterval)
+		}
+		n, err := r.pass(ctx)
+		if errors.Is(err, errCrash) {
+			return err
+		}
+		if err != nil && ctx.Err() == nil {
+			failures++
+			r.log.Warn("outbox: relay pass", "owner", r.owner, "err", err)
+			d := backoff(r.cfg.MinBackoff, r.cfg.MaxBackoff, failures)
+			r.wait(ctx, wake, poll, min(d, time.Until(nextLease)))
+			continue
+		}
+		failures = 0
+		if n >= r.cfg.BatchSize {
+			continue // more is waiting
+		}
+		r.wait(ctx, wake, poll, min(r.cfg.PollInterval, time.Until(nextLease)))
+	}
+}
+
+// wait returns on a notification, after d, or when ctx is done.
+func (r *Relay) wait(ctx context.Context, wake <-chan struct{}, t *time.Timer, d time.Duration) {
+	t.Reset(max(d, 0))
+	select {
+	case <-ctx.Done():
+	case <-wake:
+	case <-t.C:
+	}
+}
+
+func (r *Relay) shutdown() error {
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.LeaseTTL)
+	defer cancel()
+	parts, gens := r.held()
+	if err := r.release(ctx, parts, gens); err != nil {
+		r.log.Warn("outbox: shutdown", "err", err)
+	}
+	if _, err := r.db.Exec(ctx, `DELETE FROM `+r.t.relays+` WHERE owner = $1`, r.owner); err != nil {
+		r.log.Warn("outbox: shutdown", "err", err)
+	}
+	r.mu.Lock()
+	r.leases = map[int32]lease{}
+	r.mu.Unlock()
+	return nil
+}
+
+// listen delivers a wake-up for every notification on the outbox's
+// channel, reconnecting after a failure.
+func (r *Relay) listen(ctx context.Context, acquire func(context.Context) (*pgxpool.Conn, error), wake chan<- struct{}) {
+	for ctx.Err() == nil {
+		err := func() error {
+			c, err := acquire(ctx)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				// The connection is LISTENing: close it rather than return it to the pool.
+				_ = c.Conn().Close(context.Background())
+				c.Release()
+			}()
+			if _, err := c.Exec(ctx, `LISTEN `+pgx.Identifier{r.t.channel}.Sanitize()); err != nil {
+				return err
+			}
+			for {
+				if _, err := c.Conn().WaitForNotification(ctx); err != nil {
+					return err
+				}
+				select {
+				case wake <- struct{}{}:
+				default:
+				}
+			}
+		}()
+		if ctx.Err() != nil {
+			return
+		}
+		r.log.Warn("outbox: listen", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(r.cfg.PollInterval):
+		}
+	}
+}
+
+// backoff is min * 2^(attempt-1), capped at max, less up to a quarter of jitter.
+func backoff(minD, maxD time.Duration, attempt int) time.Duration {
+	d := minD
+	for i := 1; i < attempt && d < maxD; i++ {
+		d *= 2
+	}
+	d = min(d, maxD)
+	var b [1]byte
+	_, _ = rand.Read(b[:])
+	return d - d/4*time.Duration(b[0])/255
+}
