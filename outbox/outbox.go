@@ -56,8 +56,8 @@ type Outbox struct {
 
 type tables struct {
 	messages, counters, leases, relays string // quoted, schema-qualified
-	channel                                 string // raw channel name
-	line                                    dedupe.Line
+	channel                            string // raw channel name
+	line                               dedupe.Line
 }
 
 func newTables(schema, table string) tables {

@@ -46,7 +46,7 @@ func emit(t *testing.T, db *pgxpool.Pool, o *Outbox, msgs ...Message) {
 type memSink struct {
 	mu        sync.Mutex
 	got       []Message
-	changed   chan struct{} // closed and replaced on every publish
+	changed   chan struct{}    // closed and replaced on every publish
 	refuse    map[string]error // by ID: the error Publish reports for it
 	failTimes map[string]int   // by ID: how many more times it fails transiently
 }
