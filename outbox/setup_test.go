@@ -153,7 +153,8 @@ func firstOrder(ms []Message) map[string][]string {
 // running is a relay's Run in a goroutine.
 type running struct {
 	cancel context.CancelFunc
-	done   chan error
+	done   chan struct{} // closed when Run has returned err
+	err    error
 }
 
 func startRelay(t *testing.T, db *pgxpool.Pool, cfg RelayConfig) (*Relay, *running) {
@@ -176,8 +177,8 @@ func startRelay(t *testing.T, db *pgxpool.Pool, cfg RelayConfig) (*Relay, *runni
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	run := &running{cancel: cancel, done: make(chan error, 1)}
-	go func() { run.done <- r.Run(ctx) }()
+	run := &running{cancel: cancel, done: make(chan struct{})}
+	go func() { run.err = r.Run(ctx); close(run.done) }()
 	t.Cleanup(func() { cancel(); <-run.done })
 	return r, run
 }
@@ -185,7 +186,8 @@ func startRelay(t *testing.T, db *pgxpool.Pool, cfg RelayConfig) (*Relay, *runni
 // stop cancels the relay and returns Run's error.
 func (r *running) stop() error {
 	r.cancel()
-	return <-r.done
+	<-r.done
+	return r.err
 }
 
 // waitRows polls the database until query returns want, a guard against a
@@ -209,3 +211,9 @@ func waitRows(t *testing.T, db *pgxpool.Pool, timeout time.Duration, want int, q
 }
 
 var _ = bytes.Equal
+
+type txLike = pgx.Tx
+
+func pgxBegin(ctx context.Context, db *pgxpool.Pool, f func(context.Context, pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return f(ctx, tx) })
+}
