@@ -89,15 +89,60 @@ func (r *Relay) publish(ctx context.Context, name string, rows []row) []outcome 
 	for i := range rows {
 		msgs[i] = rows[i].msg
 	}
-	err := sink.Publish(ctx, msgs)
+	errs := make([]error, len(msgs))
+	spread(errs, sink.Publish(ctx, msgs))
+	if len(msgs) > 1 {
+		r.isolate(ctx, sink, msgs, errs)
+	}
+	return r.outcomes(ctx, rows, func(i int) error { return errs[i] })
+}
+
+// spread sets errs from what Publish returned.
+func spread(errs []error, err error) {
 	var pe PublishErrors
 	switch {
 	case err == nil:
-		return r.outcomes(ctx, rows, func(int) error { return nil })
 	case errors.As(err, &pe):
-		return r.outcomes(ctx, rows, func(i int) error { return pe[i] })
+		for i := range errs {
+			errs[i] = pe[i]
+		}
 	default:
-		return r.outcomes(ctx, rows, func(int) error { return err })
+		for i := range errs {
+			errs[i] = err
+		}
+	}
+}
+
+// isolate publishes again, one at a time, the messages of a batch that
+// failed for good: a broker may refuse a whole request for one message
+// (kafka-go fails a partition's batch with Message Size Too Large), and only
+// the message refused on its own is parked. A key whose message fails alone
+// is not tried further, so its order holds.
+func (r *Relay) isolate(ctx context.Context, sink Sink, msgs []Message, errs []error) {
+	any := false
+	for _, err := range errs {
+		any = any || IsPermanent(err)
+	}
+	if !any {
+		return
+	}
+	held := map[string]bool{}
+	for i, m := range msgs {
+		k := string(m.Key)
+		if m.Key != nil && held[k] {
+			if errs[i] != nil && IsPermanent(errs[i]) {
+				errs[i] = errors.New("outbox: behind a failure of its key")
+			}
+			continue
+		}
+		if IsPermanent(errs[i]) {
+			one := []error{nil}
+			spread(one, sink.Publish(ctx, msgs[i:i+1]))
+			errs[i] = one[0]
+		}
+		if errs[i] != nil && m.Key != nil {
+			held[k] = true
+		}
 	}
 }
 
