@@ -1,0 +1,223 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/internal/kafkatest"
+	"github.com/effectively-once/effectively/sources/kafka"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	kafkago "github.com/segmentio/kafka-go"
+)
+
+// TestChained is the pipeline's invariant: logical inputs, some of them
+// sent twice and all of them subject to the test broker's duplicates and
+// lost acks, go through stage A (a consumer.Consumer whose handler writes
+// an effect and emits a message), the outbox, two relays at once that
+// crash between publishing and marking and are started again, Kafka
+// (kfake) and stage B (a consumer over sources/kafka). Stage B applies
+// exactly one effect per logical input, and each key's first deliveries
+// reach it in the outbox's commit order. CHAIN_INPUTS sets the size.
+func TestChained(t *testing.T) {
+	inputs := 3000
+	if s := os.Getenv("CHAIN_INPUTS"); s != "" {
+		inputs, _ = strconv.Atoi(s)
+	}
+	const accounts = 40
+	ctx := context.Background()
+	db, o := setup(t, Config{Sinks: []string{"balances"}})
+	if _, err := db.Exec(ctx, `CREATE TABLE a_effects (input text PRIMARY KEY);
+CREATE TABLE b_effects (serial bigserial, input text, account text, msg_id text, value_null boolean, value_empty boolean)`); err != nil {
+		t.Fatal(err)
+	}
+	k := kafkatest.New(t)
+	topic := kafkatest.Name("balances")
+	if err := k.CreateTopic(ctx, topic, 4); err != nil {
+		t.Fatal(err)
+	}
+
+	// Stage A.
+	broker := consumertest.New(consumertest.Config{Lanes: 4, DuplicateRate: 0.05, LostAckRate: 0.05})
+	strategyA, err := idset.New(idset.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stageA := consumertest.NewConsumer(t, db, broker, consumer.Config{
+		Name: "stage-a", Strategy: strategyA, BatchSize: 100, Logger: consumertest.Logger(),
+		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			input := string(m.Value)
+			if _, err := tx.Exec(ctx, `INSERT INTO a_effects VALUES ($1)`, input); err != nil {
+				return err
+			}
+			n, _ := strconv.Atoi(strings.TrimPrefix(input, "in-"))
+			var value []byte // nil for every tenth input: a tombstone downstream
+			switch n % 10 {
+			case 0:
+			case 1:
+				value = []byte{}
+			default:
+				value = []byte(input)
+			}
+			return o.EmitFor(ctx, tx, m, Message{Sink: "balances", Key: m.Key, Value: value,
+				Headers: []Header{{Key: "input", Value: []byte(input)}}})
+		},
+	})
+	logicalDupes := 0
+	for i := range inputs {
+		acct := fmt.Sprintf("acct-%d", i%accounts)
+		in := consumer.Message{ID: fmt.Sprintf("in-%d", i), Key: []byte(acct), Value: []byte(fmt.Sprintf("in-%d", i))}
+		broker.Publish(i%accounts, in)
+		if i%17 == 0 { // a producer's retry: the same logical input again
+			broker.Publish(i%accounts, in)
+			logicalDupes++
+		}
+	}
+	runA := consumertest.Start(stageA)
+
+	// Two relay slots; each relay crashes (after a publish, before its
+	// marks) on a pass of its choosing, for the first few incarnations.
+	w := k.Writer(topic)
+	w.Balancer = &kafkago.Hash{}
+	defer w.Close()
+	sink, err := NewKafkaSink(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var crashes, incarnations atomic.Int64
+	relayCtx, stopRelays := context.WithCancel(ctx)
+	var relays sync.WaitGroup
+	for slot := range 2 {
+		relays.Add(1)
+		go func() {
+			defer relays.Done()
+			for life := 0; relayCtx.Err() == nil; life++ {
+				incarnations.Add(1)
+				var passes atomic.Int64
+				crashAt := int64(-1)
+				if life < 3 {
+					crashAt = int64(2 + (slot+life)%3)
+				}
+				r, err := NewRelay(db, RelayConfig{Sinks: map[string]Sink{"balances": sink}, LeaseTTL: time.Second,
+					BatchSize: 200, PollInterval: 200 * time.Millisecond, Logger: consumertest.Logger(),
+					afterPublish: func([]row) error {
+						if passes.Add(1) == crashAt {
+							crashes.Add(1)
+							return errCrash
+						}
+						return nil
+					}})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if err := r.Run(relayCtx); err != nil && err != errCrash {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	defer func() { stopRelays(); relays.Wait() }()
+
+	// Stage B.
+	src, err := kafka.New(db, kafka.Config{
+		Brokers: k.Brokers(), Group: kafkatest.Name("stage-b"), Topics: []string{topic},
+		MaxWait: kafkatest.MaxWait, SessionTimeout: kafkatest.SessionTimeout,
+		HeartbeatInterval: kafkatest.HeartbeatInterval, RebalanceTimeout: 5 * time.Second,
+		JoinGroupBackoff: 200 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	strategyB, err := idset.New(idset.Config{Table: "processed_b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counterB := &consumertest.Counter{}
+	stageB := consumertest.NewConsumer(t, db, src, consumer.Config{
+		Name: "stage-b", Strategy: strategyB, BatchSize: 200, Hooks: []consumer.Hook{counterB},
+		Logger: consumertest.Logger(),
+		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			input, _ := m.Header("input")
+			_, err := tx.Exec(ctx, `INSERT INTO b_effects (input, account, msg_id, value_null, value_empty) VALUES ($1, $2, $3, $4, $5)`,
+				string(input), string(m.Key), m.ID, m.Value == nil, m.Value != nil && len(m.Value) == 0)
+			return err
+		},
+	})
+	runB := consumertest.Start(stageB)
+
+	waitRows(t, db, 2*time.Minute, inputs, `SELECT count(DISTINCT input) FROM b_effects`)
+	waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	if err := broker.WaitIdle(waitCtx); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	runA.Stop(t)
+	waitRows(t, db, time.Minute, 0, `SELECT count(*) FROM effectively.outbox WHERE published_at IS NULL`)
+	stopRelays()
+	relays.Wait()
+	runB.Stop(t)
+
+	checkChain(t, db, inputs)
+	t.Logf("chain: %d inputs (%d sent twice), stage A broker %+v; relays: %d incarnations, %d crashes before marking; stage B: %s",
+		inputs, logicalDupes, broker.Stats(), incarnations.Load(), crashes.Load(), counterB)
+	if crashes.Load() == 0 {
+		t.Fatal("no relay crashed: the test did not test what it says")
+	}
+}
+
+func checkChain(t *testing.T, db *pgxpool.Pool, inputs int) {
+	t.Helper()
+	ctx := context.Background()
+	var total, distinct, badNull, badEmpty, aCount int
+	if err := db.QueryRow(ctx, `SELECT count(*), count(DISTINCT input),
+    count(*) FILTER (WHERE value_null <> (substring(input from 4)::int % 10 = 0)),
+    count(*) FILTER (WHERE value_empty <> (substring(input from 4)::int % 10 = 1)),
+    (SELECT count(*) FROM a_effects)
+FROM b_effects`).Scan(&total, &distinct, &badNull, &badEmpty, &aCount); err != nil {
+		t.Fatal(err)
+	}
+	if total != inputs || distinct != inputs || aCount != inputs {
+		t.Fatalf("stage B applied %d effects for %d distinct inputs (stage A %d), want exactly one each of %d", total, distinct, aCount, inputs)
+	}
+	if badNull != 0 || badEmpty != 0 {
+		t.Fatalf("%d null and %d empty values arrived wrong", badNull, badEmpty)
+	}
+	// Per key, stage B's applications (its first deliveries) in the
+	// outbox's seq order, which is commit order.
+	orderOf := func(q string) map[string][]string {
+		out := map[string][]string{}
+		rows, err := db.Query(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var k, id string
+			if err := rows.Scan(&k, &id); err != nil {
+				t.Fatal(err)
+			}
+			out[k] = append(out[k], id)
+		}
+		return out
+	}
+	committed := orderOf(`SELECT convert_from(key, 'UTF8'), msg_id FROM effectively.outbox ORDER BY key, seq`)
+	applied := orderOf(`SELECT account, msg_id FROM b_effects ORDER BY serial`)
+	for k, want := range committed {
+		if strings.Join(applied[k], ",") != strings.Join(want, ",") {
+			t.Fatalf("key %s: stage B applied %d messages in an order other than the %d committed", k, len(applied[k]), len(want))
+		}
+	}
+}
