@@ -76,6 +76,7 @@ type RelayConfig struct {
 	now          func() time.Time
 	beforeCheck  func()
 	afterPublish func(rows []row) error
+	onListen     func()
 }
 
 func (c *RelayConfig) defaults() error {
@@ -267,6 +268,9 @@ func (r *Relay) listen(ctx context.Context, acquire func(context.Context) (*pgxp
 			}()
 			if _, err := c.Exec(ctx, `LISTEN `+pgx.Identifier{r.t.channel}.Sanitize()); err != nil {
 				return err
+			}
+			if r.cfg.onListen != nil {
+				r.cfg.onListen()
 			}
 			for {
 				if _, err := c.Conn().WaitForNotification(ctx); err != nil {
