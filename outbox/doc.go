@@ -1,0 +1,96 @@
+// Package outbox is the pipeline half of effectively: a stage emits
+// messages inside the transaction that writes its effect and marker, and a
+// relay publishes them, at least once and per key in commit order, with
+// IDs the next stage dedupes by. A chain of stages is then effectively-once
+// end to end.
+//
+// # Emitting
+//
+// Outbox.Emit adds messages inside any pgx.Tx, in one statement however
+// many there are: from a consumer's Handler or BatchHandler, or from plain
+// code (an HTTP handler that writes an order and announces it). They exist
+// exactly when the transaction commits: a rollback emits nothing. Emit
+// refuses what it can judge (an empty or, when Config.Sinks is set,
+// unknown sink, bad or reserved header names, a message over
+// MaxMessageBytes) with a *MessageError wrapping ErrInvalid, and writes
+// nothing of the call then. What only the broker can judge is parked by
+// the relay.
+//
+// Apply the outbox's migrations with the rest: Outbox.Line is a
+// dedupe.Line for dedupe.Migrate and dedupe.MigrationSQL (Outbox.Migrate
+// is the former).
+//
+// # IDs
+//
+// Every message carries an ID, which the relay sends as the
+// "idempotency-key" header (IDHeader): the header sources/kafka
+// (DefaultIDHeader) and the attribute sources/sqs (DefaultIDAttribute)
+// take as the default dedupe ID, so the next stage drops a relay's
+// duplicates with no configuration. Inside a handler, EmitFor (or ID)
+// derives it from the input: (scope, input dedupe key, ordinal of the emit
+// within the input), so applying the same input again gives the same IDs.
+// A message given an ID keeps it; outside a consumer, Emit makes a random
+// one.
+//
+// What the replay workflows of docs/replay.md do to a pipeline follows:
+// replaying a range in the same scope applies only what has no marker, and
+// an input applied again in the same scope (its marker gone) emits the same
+// IDs, which the next stage drops as duplicates. Recomputing into a new
+// scope applies every input again and emits new IDs, so the next stage
+// applies them again: recompute the next stage too, or make its effect
+// idempotent by construction.
+//
+// # Order without a cursor
+//
+// Each emit takes a sequence number per (sink, key) from a counter row,
+// with INSERT … ON CONFLICT DO UPDATE SET seq = seq + n, in the emitting
+// transaction. Emitters of one key queue on that row until the holder
+// commits or aborts, so a key's sequence numbers are dense and in commit
+// order, and a key's message with seq n is visible only once those before
+// it are. The relay keeps no cursor: each pass reads, in one snapshot, the
+// unpublished rows of its partitions, per key in seq order and only while
+// no earlier row of the key is parked or waiting for a retry. A
+// transaction that commits late is simply read by a later pass; one left
+// open holds back only the keys it emitted to (and their later emitters
+// wait for it), never the others. Messages with a nil Key have no order
+// (seq 0) and take no counter row.
+//
+// The cost: two transactions emitting to one key serialize, so keep
+// emitting transactions short, and the counters table keeps one row per
+// (sink, key) ever emitted to.
+//
+// # Several relays
+//
+// Keys hash into Partitions virtual partitions. Each partition is leased
+// to one relay at a time, with an expiry and a generation that grows with
+// every change of holder; relays heartbeat and each takes its share.
+// Before publishing, a relay checks by its own clock that its lease has
+// LeaseMargin to run, and publishes under a deadline at that point;
+// marking rows published (or parked, or for retry) is fenced by the
+// generation, so a relay that froze and woke after its lease has passed to
+// another publishes and marks nothing. A publish that was already on the
+// wire when the lease ended can still land: a duplicate with the same ID,
+// after the new holder's copies.
+//
+// # Publishing
+//
+// A Sink publishes one destination's messages and says, per message, what
+// failed (PublishErrors) and whether for good (Permanent). KafkaSink
+// writes with a kafka-go Writer (Kafka key = message key). The relay
+// marks a row published only after its sink said so: a crash at any point
+// before the mark republishes it, with the same ID. Once a key's message
+// fails, the key's later messages of the batch are not marked, even if
+// the sink wrote them (a duplicate, never a reordering of what is
+// marked). A transient failure is retried with a doubling backoff; a
+// refusal for good is retried alone (brokers refuse whole batches for one
+// message) and then parked with the reason, in the outbox table itself,
+// holding back only its key until Outbox.Redrive or Outbox.Purge. Parked
+// rows are never deleted by the cleanup, which deletes published rows
+// older than Retention in batches of CleanupBatch.
+//
+// The relay wakes on the NOTIFY that the emitting transaction sends (and
+// PostgreSQL delivers only on commit), and polls every PollInterval as a
+// fallback; PollOnly turns LISTEN off for PgBouncer's transaction pooling.
+// Run returns when its context is done, after marking what the pass in
+// progress published and giving its leases back.
+package outbox
