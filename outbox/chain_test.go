@@ -30,6 +30,11 @@ import (
 // exactly one effect per logical input, and each key's first deliveries
 // reach it in the outbox's commit order. CHAIN_INPUTS sets the size.
 func TestChained(t *testing.T) {
+	t.Run("Handler", func(t *testing.T) { testChained(t, false) })
+	t.Run("BatchHandler", func(t *testing.T) { testChained(t, true) })
+}
+
+func testChained(t *testing.T, batch bool) {
 	inputs := 3000
 	if s := os.Getenv("CHAIN_INPUTS"); s != "" {
 		inputs, _ = strconv.Atoi(s)
@@ -53,26 +58,44 @@ CREATE TABLE b_effects (serial bigserial, input text, account text, msg_id text,
 	if err != nil {
 		t.Fatal(err)
 	}
-	stageA := consumertest.NewConsumer(t, db, broker, consumer.Config{
-		Name: "stage-a", Strategy: strategyA, BatchSize: 100, Logger: consumertest.Logger(),
-		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			input := string(m.Value)
-			if _, err := tx.Exec(ctx, `INSERT INTO a_effects VALUES ($1)`, input); err != nil {
+	emitted := func(m *consumer.Message, ordinal int) Message {
+		input := string(m.Value)
+		n, _ := strconv.Atoi(strings.TrimPrefix(input, "in-"))
+		var value []byte // nil for every tenth input: a tombstone downstream
+		switch n % 10 {
+		case 0:
+		case 1:
+			value = []byte{}
+		default:
+			value = []byte(input)
+		}
+		return Message{Sink: "balances", Key: m.Key, Value: value, ID: ID(m, ordinal),
+			Headers: []Header{{Key: "input", Value: []byte(input)}}}
+	}
+	cfgA := consumer.Config{Name: "stage-a", Strategy: strategyA, BatchSize: 100, Logger: consumertest.Logger()}
+	if batch {
+		// One statement for the effects, one for all the emits.
+		cfgA.BatchHandler = func(ctx context.Context, tx pgx.Tx, ms []*consumer.Message) error {
+			inputs := make([]string, len(ms))
+			out := make([]Message, len(ms))
+			for i, m := range ms {
+				inputs[i] = string(m.Value)
+				out[i] = emitted(m, 0)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO a_effects SELECT unnest($1::text[])`, inputs); err != nil {
 				return err
 			}
-			n, _ := strconv.Atoi(strings.TrimPrefix(input, "in-"))
-			var value []byte // nil for every tenth input: a tombstone downstream
-			switch n % 10 {
-			case 0:
-			case 1:
-				value = []byte{}
-			default:
-				value = []byte(input)
+			return o.Emit(ctx, tx, out...)
+		}
+	} else {
+		cfgA.Handler = func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO a_effects VALUES ($1)`, string(m.Value)); err != nil {
+				return err
 			}
-			return o.EmitFor(ctx, tx, m, Message{Sink: "balances", Key: m.Key, Value: value,
-				Headers: []Header{{Key: "input", Value: []byte(input)}}})
-		},
-	})
+			return o.EmitFor(ctx, tx, m, emitted(m, 0))
+		}
+	}
+	stageA := consumertest.NewConsumer(t, db, broker, cfgA)
 	logicalDupes := 0
 	for i := range inputs {
 		acct := fmt.Sprintf("acct-%d", i%accounts)
@@ -94,7 +117,7 @@ CREATE TABLE b_effects (serial bigserial, input text, account text, msg_id text,
 	if err != nil {
 		t.Fatal(err)
 	}
-	var crashes, incarnations atomic.Int64
+	var crashes, stops, incarnations atomic.Int64
 	relayCtx, stopRelays := context.WithCancel(ctx)
 	var relays sync.WaitGroup
 	for slot := range 2 {
@@ -104,24 +127,35 @@ CREATE TABLE b_effects (serial bigserial, input text, account text, msg_id text,
 			for life := 0; relayCtx.Err() == nil; life++ {
 				incarnations.Add(1)
 				var passes atomic.Int64
-				crashAt := int64(-1)
-				if life < 3 {
+				crashAt, stopAt := int64(-1), int64(-1)
+				switch {
+				case life < 3:
 					crashAt = int64(2 + (slot+life)%3)
+				case life == 3:
+					stopAt = 2
 				}
+				lifeCtx, stopLife := context.WithCancel(relayCtx)
 				r, err := NewRelay(db, RelayConfig{Sinks: map[string]Sink{"balances": sink}, LeaseTTL: time.Second,
 					BatchSize: 200, PollInterval: 200 * time.Millisecond, Logger: consumertest.Logger(),
 					afterPublish: func([]row) error {
-						if passes.Add(1) == crashAt {
+						switch passes.Add(1) {
+						case crashAt:
 							crashes.Add(1)
 							return errCrash
+						case stopAt:
+							stops.Add(1)
+							stopLife() // a graceful stop in mid-pass: what was published is marked
 						}
 						return nil
 					}})
 				if err != nil {
+					stopLife()
 					t.Error(err)
 					return
 				}
-				if err := r.Run(relayCtx); err != nil && err != errCrash {
+				err = r.Run(lifeCtx)
+				stopLife()
+				if err != nil && err != errCrash {
 					t.Error(err)
 					return
 				}
@@ -130,33 +164,45 @@ CREATE TABLE b_effects (serial bigserial, input text, account text, msg_id text,
 	}
 	defer func() { stopRelays(); relays.Wait() }()
 
-	// Stage B.
-	src, err := kafka.New(db, kafka.Config{
-		Brokers: k.Brokers(), Group: kafkatest.Name("stage-b"), Topics: []string{topic},
-		MaxWait: kafkatest.MaxWait, SessionTimeout: kafkatest.SessionTimeout,
-		HeartbeatInterval: kafkatest.HeartbeatInterval, RebalanceTimeout: 5 * time.Second,
-		JoinGroupBackoff: 200 * time.Millisecond,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
+	// Stage B, restarted twice while it runs.
+	group := kafkatest.Name("stage-b")
 	strategyB, err := idset.New(idset.Config{Table: "processed_b"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	counterB := &consumertest.Counter{}
-	stageB := consumertest.NewConsumer(t, db, src, consumer.Config{
-		Name: "stage-b", Strategy: strategyB, BatchSize: 200, Hooks: []consumer.Hook{counterB},
-		Logger: consumertest.Logger(),
-		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			input, _ := m.Header("input")
-			_, err := tx.Exec(ctx, `INSERT INTO b_effects (input, account, msg_id, value_null, value_empty) VALUES ($1, $2, $3, $4, $5)`,
-				string(input), string(m.Key), m.ID, m.Value == nil, m.Value != nil && len(m.Value) == 0)
-			return err
-		},
-	})
-	runB := consumertest.Start(stageB)
+	startB := func() (*consumertest.Running, *kafka.Source) {
+		src, err := kafka.New(db, kafka.Config{
+			Brokers: k.Brokers(), Group: group, Topics: []string{topic},
+			MaxWait: kafkatest.MaxWait, SessionTimeout: kafkatest.SessionTimeout,
+			HeartbeatInterval: kafkatest.HeartbeatInterval, RebalanceTimeout: 5 * time.Second,
+			JoinGroupBackoff: 200 * time.Millisecond,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := consumertest.NewConsumer(t, db, src, consumer.Config{
+			Name: "stage-b", Strategy: strategyB, BatchSize: 200, Hooks: []consumer.Hook{counterB},
+			Logger: consumertest.Logger(),
+			Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				input, _ := m.Header("input")
+				_, err := tx.Exec(ctx, `INSERT INTO b_effects (input, account, msg_id, value_null, value_empty) VALUES ($1, $2, $3, $4, $5)`,
+					string(input), string(m.Key), m.ID, m.Value == nil, m.Value != nil && len(m.Value) == 0)
+				return err
+			},
+		})
+		return consumertest.Start(c), src
+	}
+	runB, src := startB()
+	restartsB := 0
+	for _, at := range []int{inputs / 3, 2 * inputs / 3} {
+		waitAtLeast(t, db, 2*time.Minute, at, `SELECT count(DISTINCT input) FROM b_effects`)
+		runB.Stop(t)
+		_ = src.Close()
+		runB, src = startB()
+		restartsB++
+	}
+	defer func() { _ = src.Close() }()
 
 	waitRows(t, db, 2*time.Minute, inputs, `SELECT count(DISTINCT input) FROM b_effects`)
 	waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -171,8 +217,8 @@ CREATE TABLE b_effects (serial bigserial, input text, account text, msg_id text,
 	runB.Stop(t)
 
 	checkChain(t, db, inputs)
-	t.Logf("chain: %d inputs (%d sent twice), stage A broker %+v; relays: %d incarnations, %d crashes before marking; stage B: %s",
-		inputs, logicalDupes, broker.Stats(), incarnations.Load(), crashes.Load(), counterB)
+	t.Logf("chain: %d inputs (%d sent twice), stage A broker %+v; relays: %d incarnations, %d crashes before marking, %d stops mid-pass; stage B: %d restarts, %s",
+		inputs, logicalDupes, broker.Stats(), incarnations.Load(), crashes.Load(), stops.Load(), restartsB, counterB)
 	if crashes.Load() == 0 {
 		t.Fatal("no relay crashed: the test did not test what it says")
 	}

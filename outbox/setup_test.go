@@ -217,3 +217,22 @@ type txLike = pgx.Tx
 func pgxBegin(ctx context.Context, db *pgxpool.Pool, f func(context.Context, pgx.Tx) error) error {
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return f(ctx, tx) })
 }
+
+// waitAtLeast polls until query returns at least want.
+func waitAtLeast(t *testing.T, db *pgxpool.Pool, timeout time.Duration, want int, query string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		var n int
+		if err := db.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n >= want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out: %s gave %d, want at least %d", query, n, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
