@@ -57,7 +57,12 @@
 //
 // The cost: two transactions emitting to one key serialize, so keep
 // emitting transactions short, and the counters table keeps one row per
-// (sink, key) ever emitted to.
+// (sink, key) ever emitted to. One Emit call takes its keys' rows in
+// order, but two transactions that emit to keys a then b and b then a in
+// separate calls can deadlock: PostgreSQL aborts one, and a consumer rolls
+// back and retries it. Emit a batch's messages in one call (as a
+// BatchHandler does), or keep the keys of concurrent lanes apart (as Kafka
+// partitions do), and it does not happen.
 //
 // # Several relays
 //

@@ -33,8 +33,8 @@ type Config struct {
 	// Schema holds the outbox's tables. Defaults to DefaultSchema.
 	Schema string
 	// Table is the messages table; the other tables take it as a prefix
-	// (Table_counters, Table_leases, Table_relays), and it names the NOTIFY
-	// channel. Defaults to DefaultTable.
+	// (Table_counters, Table_leases, Table_relays). Defaults to
+	// DefaultTable.
 	Table string
 	// Sinks, when set, lists the sink names Emit accepts, so that a typo
 	// fails at Emit instead of parking at the relay. Defaults to accepting
@@ -68,7 +68,7 @@ func newTables(schema, table string) tables {
 		counters: q(table + "_counters"),
 		leases:   q(table + "_leases"),
 		relays:   q(table + "_relays"),
-		channel:  schema + "." + table,
+		channel:  channel(schema, table),
 		line: dedupe.Line{
 			Name: "outbox:" + table,
 			FS:   sub,
@@ -81,6 +81,16 @@ func newTables(schema, table string) tables {
 			},
 		},
 	}
+}
+
+// channel is the NOTIFY channel of an outbox: short enough for any schema
+// and table name (channel names are cut at 63 bytes), and its own.
+func channel(schema, table string) string {
+	h := fnv.New64a()
+	h.Write([]byte(schema))
+	h.Write([]byte{0})
+	h.Write([]byte(table))
+	return fmt.Sprintf("effectively_outbox_%016x", h.Sum64())
 }
 
 func (c *Config) defaults() error {
@@ -96,8 +106,19 @@ func (c *Config) defaults() error {
 	if c.MaxMessageBytes < 0 {
 		return fmt.Errorf("outbox: Config.MaxMessageBytes is negative")
 	}
-	if strings.ContainsRune(c.Schema+c.Table, 0) {
-		return fmt.Errorf("outbox: Config.Schema and Config.Table must not contain NUL")
+	return checkNames(c.Schema, c.Table)
+}
+
+// checkNames refuses names PostgreSQL would cut or cannot hold: the
+// longest table name, Table_counters, must fit in 63 bytes.
+func checkNames(schema, table string) error {
+	switch {
+	case strings.ContainsRune(schema+table, 0):
+		return errors.New("outbox: Schema and Table must not contain NUL")
+	case len(schema) > 63:
+		return fmt.Errorf("outbox: Schema %q is longer than PostgreSQL's 63 bytes", schema)
+	case len(table+"_counters") > 63:
+		return fmt.Errorf("outbox: Table %q is longer than 54 bytes (its tables add suffixes up to PostgreSQL's 63)", table)
 	}
 	return nil
 }

@@ -47,24 +47,32 @@ FROM `+o.t.messages+` WHERE parked_at IS NOT NULL ORDER BY id LIMIT $1`, limit)
 	return out, nil
 }
 
-// Redrive puts parked messages back in line: the relay publishes them, and
-// then their keys' later messages. It returns how many it found parked.
+// Redrive puts parked messages back in line, and wakes the relays: they
+// publish them, and then their keys' later messages. It returns how many it
+// found parked.
 func (o *Outbox) Redrive(ctx context.Context, db dedupe.DB, rows ...int64) (int64, error) {
-	tag, err := db.Exec(ctx, `UPDATE `+o.t.messages+`
-SET parked_at = NULL, park_reason = NULL, attempts = 0, next_attempt_at = NULL
-WHERE id = ANY($1) AND parked_at IS NOT NULL`, rows)
+	var n int64
+	err := db.QueryRow(ctx, `WITH r AS (
+    UPDATE `+o.t.messages+`
+    SET parked_at = NULL, park_reason = NULL, attempts = 0, next_attempt_at = NULL
+    WHERE id = ANY($1) AND parked_at IS NOT NULL
+    RETURNING 1)
+SELECT count(*) FROM (SELECT pg_notify($2, '')) AS n, r`, rows, o.t.channel).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: redrive: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
 }
 
 // Purge deletes parked messages for good, releasing their keys' later
 // messages. It returns how many it found parked.
 func (o *Outbox) Purge(ctx context.Context, db dedupe.DB, rows ...int64) (int64, error) {
-	tag, err := db.Exec(ctx, `DELETE FROM `+o.t.messages+` WHERE id = ANY($1) AND parked_at IS NOT NULL`, rows)
+	var n int64
+	err := db.QueryRow(ctx, `WITH d AS (
+    DELETE FROM `+o.t.messages+` WHERE id = ANY($1) AND parked_at IS NOT NULL RETURNING 1)
+SELECT count(*) FROM (SELECT pg_notify($2, '')) AS n, d`, rows, o.t.channel).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: purge: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
 }

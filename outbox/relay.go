@@ -91,6 +91,9 @@ func (c *RelayConfig) defaults() error {
 	if c.Table == "" {
 		c.Table = DefaultTable
 	}
+	if err := checkNames(c.Schema, c.Table); err != nil {
+		return err
+	}
 	if len(c.Sinks) == 0 {
 		return errors.New("outbox: RelayConfig.Sinks is required")
 	}
