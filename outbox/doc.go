@@ -86,7 +86,9 @@
 // before the mark republishes it, with the same ID. Once a key's message
 // fails, the key's later messages of the batch are not marked, even if
 // the sink wrote them (a duplicate, never a reordering of what is
-// marked). A transient failure is retried with a doubling backoff; a
+// marked). A transient failure is retried with a doubling backoff, with
+// no limit (the row's attempts and last_error columns say why a key is
+// waiting); a
 // refusal for good is retried alone (brokers refuse whole batches for one
 // message) and then parked with the reason, in the outbox table itself,
 // holding back only its key until Outbox.Redrive or Outbox.Purge. Parked
