@@ -66,6 +66,8 @@ func (s *KafkaSink) Publish(ctx context.Context, msgs []Message) error {
 }
 
 // classifyKafka marks the broker's refusals that a retry cannot change.
+// An unknown topic counts as one: a sink names a topic that should exist,
+// and a message parked while it did not is redriven once it does.
 func classifyKafka(err error) error {
 	var tooLarge kafkago.MessageTooLargeError
 	if errors.As(err, &tooLarge) {

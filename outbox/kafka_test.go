@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,8 +28,8 @@ func kafkaSink(t *testing.T, k *kafkatest.Cluster, topic string, batchBytes int6
 // TestKafkaSink: through kfake, the Kafka key is the message key, the ID is
 // the idempotency-key header (kafka-go's Reader does not tell a null value
 // from an empty one; TestChained reads them apart through sources/kafka), and a
-// message the Writer refuses as too large is parked with the reason,
-// holding back only its key.
+// message the broker refuses as too large, or for a topic that does not
+// exist, is parked with the reason, holding back only its key.
 func TestKafkaSink(t *testing.T) {
 	if _, err := NewKafkaSink(&kafkago.Writer{}); err == nil {
 		t.Fatal("a Writer without a Topic was accepted")
@@ -44,9 +45,13 @@ func TestKafkaSink(t *testing.T) {
 		Message{Sink: "k", Key: []byte("a"), Value: nil, ID: "a1", Headers: []Header{{Key: "h", Value: []byte("v")}}},
 		Message{Sink: "k", Key: []byte("big"), Value: make([]byte, 5000), ID: "big1"},
 		Message{Sink: "k", Key: []byte("big"), Value: []byte("after"), ID: "big2"},
-		Message{Sink: "k", Key: []byte("a"), Value: []byte{}, ID: "a2"})
-	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"k": kafkaSink(t, k, topic, 2000)}})
-	waitRows(t, db, 30*time.Second, 1, `SELECT count(*) FROM effectively.outbox WHERE parked_at IS NOT NULL AND msg_id = 'big1'`)
+		Message{Sink: "k", Key: []byte("a"), Value: []byte{}, ID: "a2"},
+		Message{Sink: "missing", Key: []byte("m"), ID: "m1"})
+	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{
+		"k":       kafkaSink(t, k, topic, 2000),
+		"missing": kafkaSink(t, k, kafkatest.Name("no-such-topic"), 0),
+	}})
+	waitRows(t, db, 30*time.Second, 2, `SELECT count(*) FROM effectively.outbox WHERE parked_at IS NOT NULL AND msg_id IN ('big1', 'm1')`)
 
 	r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: k.Brokers(), Topic: topic, Partition: 0, MaxWait: kafkatest.MaxWait})
 	defer r.Close()
@@ -73,12 +78,12 @@ func TestKafkaSink(t *testing.T) {
 		t.Fatalf("read %+v", got)
 	}
 	parked, err := o.Parked(ctx, db, 10)
-	if err != nil || len(parked) != 1 || parked[0].Reason == "" {
+	if err != nil || len(parked) != 2 || !strings.Contains(parked[0].Reason, "Message Size Too Large") ||
+		!strings.Contains(parked[1].Reason, "Unknown Topic") {
 		t.Fatalf("parked %+v %v", parked, err)
 	}
 	var waiting int
 	if err := db.QueryRow(ctx, `SELECT count(*) FROM effectively.outbox WHERE msg_id = 'big2' AND published_at IS NULL`).Scan(&waiting); err != nil || waiting != 1 {
 		t.Fatalf("big2 should wait behind big1: %d %v", waiting, err)
 	}
-	t.Logf("parked with reason: %s", parked[0].Reason)
 }
