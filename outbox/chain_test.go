@@ -26,7 +26,8 @@ import (
 // lost acks, go through stage A (a consumer.Consumer whose handler writes
 // an effect and emits a message), the outbox, two relays at once that
 // crash between publishing and marking and are started again, Kafka
-// (kfake) and stage B (a consumer over sources/kafka). Stage B applies
+// (kfake) and stage B (a consumer over sources/kafka), with stage A
+// restarted once and stage B twice. Stage B applies
 // exactly one effect per logical input, and each key's first deliveries
 // reach it in the outbox's commit order. CHAIN_INPUTS sets the size.
 func TestChained(t *testing.T) {
@@ -204,6 +205,11 @@ CREATE TABLE b_effects (serial bigserial, input text, account text, msg_id text,
 	}
 	defer func() { _ = src.Close() }()
 
+	// Stage A, stopped and started again once it has applied half.
+	waitAtLeast(t, db, 2*time.Minute, inputs/2, `SELECT count(*) FROM a_effects`)
+	runA.Stop(t)
+	runA = consumertest.Start(consumertest.NewConsumer(t, db, broker, cfgA))
+
 	waitRows(t, db, 2*time.Minute, inputs, `SELECT count(DISTINCT input) FROM b_effects`)
 	waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	if err := broker.WaitIdle(waitCtx); err != nil {
@@ -217,7 +223,7 @@ CREATE TABLE b_effects (serial bigserial, input text, account text, msg_id text,
 	runB.Stop(t)
 
 	checkChain(t, db, inputs)
-	t.Logf("chain: %d inputs (%d sent twice), stage A broker %+v; relays: %d incarnations, %d crashes before marking, %d stops mid-pass; stage B: %d restarts, %s",
+	t.Logf("chain: %d inputs (%d sent twice), stage A broker %+v; relays: %d incarnations, %d crashes before marking, %d stops mid-pass; stage A: 1 restart; stage B: %d restarts, %s",
 		inputs, logicalDupes, broker.Stats(), incarnations.Load(), crashes.Load(), stops.Load(), restartsB, counterB)
 	if crashes.Load() == 0 {
 		t.Fatal("no relay crashed: the test did not test what it says")
