@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -58,8 +59,12 @@ func TestOwnNames(t *testing.T) {
 	}
 	emit(t, db, o, msg("k", "m1"))
 	sink := newMemSink()
+	listening := make(chan struct{})
+	var once sync.Once
 	startRelay(t, db, RelayConfig{Schema: cfg.Schema, Table: cfg.Table, Sinks: map[string]Sink{"s": sink},
-		PollInterval: 10 * time.Minute, LeaseTTL: 30 * time.Minute})
+		PollInterval: 10 * time.Minute, LeaseTTL: 30 * time.Minute,
+		onListen: func() { once.Do(func() { close(listening) }) }})
+	<-listening
 	sink.waitFor(t, 30*time.Second, "m1", hasIDs("m1"))
 	emit(t, db, o, msg("k", "m2")) // only NOTIFY can wake the relay in time
 	sink.waitFor(t, 30*time.Second, "m2", hasIDs("m2"))

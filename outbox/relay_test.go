@@ -111,10 +111,15 @@ func TestTwoRelaysKeepKeyOrder(t *testing.T) {
 	var byFirst, bySecond countingSink
 	byFirst.Sink, bySecond.Sink = sink, sink
 	cfg := RelayConfig{Sinks: map[string]Sink{"s": &byFirst}, LeaseTTL: time.Second, BatchSize: 20}
-	startRelay(t, db, cfg)
+	first, _ := startRelay(t, db, cfg)
 	cfg2 := cfg
 	cfg2.Sinks = map[string]Sink{"s": &bySecond}
-	_, second := startRelay(t, db, cfg2)
+	r2, second := startRelay(t, db, cfg2)
+	waitUntil(t, 30*time.Second, "both relays to hold partitions", func() bool {
+		p1, _ := first.held()
+		p2, _ := r2.held()
+		return len(p1) > 0 && len(p2) > 0
+	})
 
 	const keys, perKey, writers = 20, 30, 4
 	var wg sync.WaitGroup
@@ -174,7 +179,7 @@ func TestFrozenRelay(t *testing.T) {
 	frozen, thaw := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	sleepy := newMemSink()
-	r1, _ := startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": sleepy}, LeaseTTL: time.Second,
+	r1, run1 := startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": sleepy}, LeaseTTL: time.Second,
 		beforeCheck: func() {
 			once.Do(func() { close(frozen); <-thaw })
 		}})
@@ -184,8 +189,10 @@ func TestFrozenRelay(t *testing.T) {
 	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": awake}, LeaseTTL: time.Second})
 	awake.waitFor(t, 30*time.Second, "the other relay to publish", hasIDs("m1", "m2"))
 	close(thaw)
-	emit(t, db, o, msg("k", "m3")) // a pass after the thaw: r1 holds nothing now
-	awake.waitFor(t, 30*time.Second, "m3", hasIDs("m3"))
+	// Run returns only once the frozen pass is over.
+	if err := run1.stop(); err != nil {
+		t.Fatal(err)
+	}
 	if got := sleepy.messages(); len(got) != 0 {
 		t.Fatalf("the frozen relay published %v after its lease ended", ids(got))
 	}

@@ -236,3 +236,15 @@ func waitAtLeast(t *testing.T, db *pgxpool.Pool, timeout time.Duration, want int
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// waitUntil polls cond, which reads in-memory state, until it holds.
+func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
