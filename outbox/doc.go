@@ -17,8 +17,8 @@
 // the relay.
 //
 // Apply the outbox's migrations with the rest: Outbox.Line is a
-// dedupe.Line for dedupe.Migrate and dedupe.MigrationSQL (Outbox.Migrate
-// is the former).
+// dedupe.Line for dedupe.Migrate and dedupe.MigrationSQL, as a consumer's
+// Migrations are.
 //
 // # IDs
 //

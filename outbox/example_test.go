@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/outbox"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
@@ -39,7 +40,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	if err := ob.Migrate(ctx, pool); err != nil {
+	if _, err := dedupe.Migrate(ctx, pool, "", ob.Line()); err != nil {
 		panic(err)
 	}
 	place := func(id, customer string, commit bool) {

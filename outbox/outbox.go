@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"context"
 	"embed"
 	"errors"
 	"fmt"
@@ -141,15 +140,11 @@ func New(cfg Config) (*Outbox, error) {
 	return o, nil
 }
 
-// Line returns the outbox's migrations, for dedupe.Migrate,
-// dedupe.MigrationSQL or a consumer's migrations.
+// Line returns the outbox's migrations, for dedupe.Migrate and
+// dedupe.MigrationSQL, the one way to migrate, beside a consumer's own:
+//
+//	dedupe.Migrate(ctx, pool, "", append(c.Migrations(), ob.Line())...)
 func (o *Outbox) Line() dedupe.Line { return o.t.line }
-
-// Migrate applies the outbox's migrations to db (dedupe.Migrate over Line).
-func (o *Outbox) Migrate(ctx context.Context, db dedupe.DB) error {
-	_, err := dedupe.Migrate(ctx, db, o.cfg.Schema, o.t.line)
-	return err
-}
 
 // partition is the virtual partition of a message: its (sink, key), or
 // its ID when it has no key.

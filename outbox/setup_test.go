@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -25,7 +26,7 @@ func setup(t *testing.T, cfg Config) (*pgxpool.Pool, *Outbox) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := o.Migrate(context.Background(), pool); err != nil {
+	if _, err := dedupe.Migrate(context.Background(), pool, cfg.Schema, o.Line()); err != nil {
 		t.Fatal(err)
 	}
 	return pool, o
