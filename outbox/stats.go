@@ -1,0 +1,93 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/effectively-once/effectively/dedupe"
+)
+
+// Stats is a snapshot of an outbox, for operators: what waits per sink
+// and who holds the partitions.
+type Stats struct {
+	// Sinks has one entry per sink with rows in the table, by name.
+	Sinks  []SinkStats
+	Leases LeaseStats
+}
+
+// SinkStats counts one sink's rows.
+type SinkStats struct {
+	Sink string
+	// Waiting counts the rows the relays still have to publish: not
+	// published, not parked (including rows held back behind a parked row
+	// of their key, and rows waiting for a retry).
+	Waiting int64
+	// OldestWaitingAge is the age of the oldest waiting row, measured by
+	// the database's clock; 0 when nothing waits.
+	OldestWaitingAge time.Duration
+	// Parked counts the rows the sink refused for good, waiting for a
+	// redrive or a purge.
+	Parked int64
+	// Published counts the published rows the cleanup has not deleted yet.
+	Published int64
+}
+
+// LeaseStats describes the virtual partitions' leases.
+type LeaseStats struct {
+	// Partitions is the number of virtual partitions (Partitions).
+	Partitions int
+	// Held counts the partitions leased to a relay now.
+	Held int
+	// Relays counts the relays holding at least one partition.
+	Relays int
+	// Expired counts the leases that ran out without being released (a
+	// relay that died or stalled); another relay takes them over. Released
+	// and never-held partitions are neither held nor expired.
+	Expired int
+	// RelaysAlive counts the relays that announced themselves recently,
+	// holding partitions or not.
+	RelaysAlive int
+}
+
+// Stats reads the outbox's counts in two statements. The per-sink counts
+// read the whole messages table: cheap while the cleanup keeps it small,
+// slower on a table that holds a long retention of published rows; it
+// only reads.
+func (o *Outbox) Stats(ctx context.Context, db dedupe.DB) (Stats, error) {
+	var st Stats
+	rows, err := db.Query(ctx, `SELECT sink,
+    count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL),
+    COALESCE(extract(epoch FROM now() - min(created_at) FILTER (WHERE published_at IS NULL AND parked_at IS NULL)), 0)::float8,
+    count(*) FILTER (WHERE parked_at IS NOT NULL),
+    count(*) FILTER (WHERE published_at IS NOT NULL)
+FROM `+o.t.messages+` GROUP BY sink ORDER BY sink`)
+	if err != nil {
+		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var s SinkStats
+		var age float64
+		if err := rows.Scan(&s.Sink, &s.Waiting, &age, &s.Parked, &s.Published); err != nil {
+			return Stats{}, fmt.Errorf("outbox: stats: %w", err)
+		}
+		s.OldestWaitingAge = time.Duration(math.Max(age, 0) * float64(time.Second))
+		st.Sinks = append(st.Sinks, s)
+	}
+	if err := rows.Err(); err != nil {
+		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
+	}
+	l := &st.Leases
+	err = db.QueryRow(ctx, `SELECT count(*),
+    count(*) FILTER (WHERE expires_at > now()),
+    count(DISTINCT owner) FILTER (WHERE expires_at > now()),
+    count(*) FILTER (WHERE expires_at <= now() AND expires_at <> '-infinity'),
+    (SELECT count(*) FROM `+o.t.relays+` WHERE expires_at > now())
+FROM `+o.t.leases).Scan(&l.Partitions, &l.Held, &l.Relays, &l.Expired, &l.RelaysAlive)
+	if err != nil {
+		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
+	}
+	return st, nil
+}

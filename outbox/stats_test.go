@@ -1,0 +1,77 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestStats(t *testing.T) {
+	db, o := setup(t, Config{})
+	ctx := context.Background()
+
+	st, err := o.Stats(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Sinks) != 0 || st.Leases != (LeaseStats{Partitions: Partitions}) {
+		t.Fatalf("empty outbox: %+v", st)
+	}
+
+	// Rows waiting, with no relay: their age comes from the database's clock.
+	emit(t, db, o, msg("a", "a1"), msg("a", "a2"), Message{Sink: "t", Key: []byte("k"), ID: "t1"})
+	if _, err := db.Exec(ctx, `UPDATE `+o.t.messages+` SET created_at = now() - interval '1 hour' WHERE msg_id = 'a1'`); err != nil {
+		t.Fatal(err)
+	}
+	st, err = o.Stats(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Sinks) != 2 || st.Sinks[0].Sink != "s" || st.Sinks[0].Waiting != 2 || st.Sinks[1].Sink != "t" || st.Sinks[1].Waiting != 1 {
+		t.Fatalf("waiting: %+v", st.Sinks)
+	}
+	if age := st.Sinks[0].OldestWaitingAge; age < time.Hour || age > 2*time.Hour {
+		t.Fatalf("oldest waiting age %v, want about an hour", age)
+	}
+
+	// A relay publishes what it can and parks the rest; it holds the leases.
+	sink := newMemSink()
+	sink.refuse["a2"] = Permanent(errors.New("too large"))
+	_, run := startRelay(t, db, RelayConfig{Owner: "r1", Sinks: map[string]Sink{"s": sink}})
+	sink.waitFor(t, 30*time.Second, "a1", hasIDs("a1"))
+	waitRows(t, db, 30*time.Second, 2, `SELECT count(*) FROM `+o.t.messages+` WHERE parked_at IS NOT NULL`)
+	waitUntil(t, 30*time.Second, "r1 to hold every partition", func() bool {
+		st, err = o.Stats(ctx, db)
+		return err == nil && st.Leases.Held == Partitions
+	})
+	want := []SinkStats{{Sink: "s", Parked: 1, Published: 1}, {Sink: "t", Parked: 1}}
+	if len(st.Sinks) != 2 || st.Sinks[0] != want[0] || st.Sinks[1] != want[1] {
+		t.Fatalf("after the relay: %+v, want %+v", st.Sinks, want)
+	}
+	if l := st.Leases; l.Relays != 1 || l.Expired != 0 || l.RelaysAlive != 1 {
+		t.Fatalf("leases with one relay: %+v", l)
+	}
+
+	// A graceful stop releases the leases: nothing held, nothing expired.
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if st, err = o.Stats(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if l := st.Leases; l.Held != 0 || l.Relays != 0 || l.Expired != 0 {
+		t.Fatalf("leases after a graceful stop: %+v", l)
+	}
+
+	// Leases that ran out without a release are counted as expired.
+	if _, err := db.Exec(ctx, `UPDATE `+o.t.leases+` SET owner = 'gone', expires_at = now() - interval '1 second' WHERE part < 3`); err != nil {
+		t.Fatal(err)
+	}
+	if st, err = o.Stats(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if l := st.Leases; l.Held != 0 || l.Expired != 3 {
+		t.Fatalf("leases after a crash: %+v", l)
+	}
+}
