@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Stats is a snapshot of an outbox, for operators: what waits per sink
@@ -90,4 +91,81 @@ FROM `+o.t.leases).Scan(&l.Partitions, &l.Held, &l.Relays, &l.Expired, &l.Relays
 		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
 	}
 	return st, nil
+}
+
+// Row is one unpublished row of the outbox table: a message waiting for a
+// relay, or parked.
+type Row struct {
+	// ID is the row's ID, as Redrive and Purge take it.
+	ID        int64
+	Message   Message
+	Seq       int64
+	CreatedAt time.Time
+	Attempts  int
+	// LastError is the last transient error a sink gave, if any.
+	LastError string
+	// NextAttemptAt is when a row that failed transiently is tried again;
+	// zero when it is not waiting for a retry.
+	NextAttemptAt time.Time
+	// ParkedAt and ParkReason are set on a parked row.
+	ParkedAt   time.Time
+	ParkReason string
+}
+
+// RowFilter selects the rows Rows returns.
+type RowFilter struct {
+	// Waiting selects the rows waiting for a relay instead of the parked
+	// ones. Defaults to false: parked rows.
+	Waiting bool
+	// Sink, when set, selects that sink's rows. Defaults to every sink.
+	Sink string
+	// IDs, when set, selects those rows. Defaults to any.
+	IDs []int64
+	// Limit is the most rows returned. Defaults to 0: no limit.
+	Limit int
+}
+
+// Rows lists parked rows, or waiting ones, oldest first, for operators.
+func (o *Outbox) Rows(ctx context.Context, db dedupe.DB, f RowFilter) ([]Row, error) {
+	state := `parked_at IS NOT NULL`
+	if f.Waiting {
+		state = `published_at IS NULL AND parked_at IS NULL`
+	}
+	var limit *int
+	if f.Limit > 0 {
+		limit = &f.Limit
+	}
+	rows, err := db.Query(ctx, `SELECT id, sink, key, seq, msg_id, value, headers, created_at, attempts,
+    COALESCE(last_error, ''), next_attempt_at, parked_at, COALESCE(park_reason, '')
+FROM `+o.t.messages+`
+WHERE `+state+` AND ($1 = '' OR sink = $1) AND ($2::bigint[] IS NULL OR id = ANY($2))
+ORDER BY id LIMIT $3`, f.Sink, f.IDs, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: rows: %w", err)
+	}
+	defer rows.Close()
+	var out []Row
+	for rows.Next() {
+		var r Row
+		var headers []byte
+		var next, parked pgtype.Timestamptz
+		if err := rows.Scan(&r.ID, &r.Message.Sink, &r.Message.Key, &r.Seq, &r.Message.ID, &r.Message.Value,
+			&headers, &r.CreatedAt, &r.Attempts, &r.LastError, &next, &parked, &r.ParkReason); err != nil {
+			return nil, fmt.Errorf("outbox: rows: %w", err)
+		}
+		if next.Valid {
+			r.NextAttemptAt = next.Time
+		}
+		if parked.Valid {
+			r.ParkedAt = parked.Time
+		}
+		if r.Message.Headers, err = decodeHeaders(headers); err != nil {
+			return nil, fmt.Errorf("outbox: row %d: %w", r.ID, err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: rows: %w", err)
+	}
+	return out, nil
 }

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -73,5 +74,47 @@ func TestStats(t *testing.T) {
 	}
 	if l := st.Leases; l.Held != 0 || l.Expired != 3 {
 		t.Fatalf("leases after a crash: %+v", l)
+	}
+}
+
+func TestStatsRows(t *testing.T) {
+	db, o := setup(t, Config{})
+	ctx := context.Background()
+	emit(t, db, o, msg("a", "a1"), Message{Sink: "t", ID: "t1", Value: []byte{}, Headers: []Header{{Key: "h", Value: []byte("v")}}}, msg("b", "b1"))
+	if _, err := db.Exec(ctx, `UPDATE `+o.t.messages+` SET parked_at = now(), park_reason = 'refused' WHERE msg_id = 'a1'`); err != nil {
+		t.Fatal(err)
+	}
+	parked, err := o.Rows(ctx, db, RowFilter{})
+	if err != nil || len(parked) != 1 || parked[0].Message.ID != "a1" || parked[0].ParkReason != "refused" || parked[0].ParkedAt.IsZero() {
+		t.Fatalf("parked rows %+v, %v", parked, err)
+	}
+	waiting, err := o.Rows(ctx, db, RowFilter{Waiting: true})
+	if err != nil || len(waiting) != 2 || waiting[0].Message.ID != "t1" || waiting[1].Message.ID != "b1" {
+		t.Fatalf("waiting rows %+v, %v", waiting, err)
+	}
+	w := waiting[0]
+	if w.Message.Key != nil || w.Message.Value == nil || len(w.Message.Headers) != 1 || w.Message.Headers[0].Key != "h" || !w.ParkedAt.IsZero() {
+		t.Fatalf("t1 read back as %+v", w)
+	}
+	for _, c := range []struct {
+		f    RowFilter
+		want []string
+	}{
+		{RowFilter{Waiting: true, Sink: "s"}, []string{"b1"}},
+		{RowFilter{Waiting: true, Limit: 1}, []string{"t1"}},
+		{RowFilter{Waiting: true, IDs: []int64{parked[0].ID, w.ID}}, []string{"t1"}},
+		{RowFilter{Sink: "t"}, nil},
+	} {
+		rs, err := o.Rows(ctx, db, c.f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, r := range rs {
+			got = append(got, r.Message.ID)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(c.want) {
+			t.Errorf("%+v: %v, want %v", c.f, got, c.want)
+		}
 	}
 }
