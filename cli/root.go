@@ -121,7 +121,7 @@ is safe while consumers run, except where its help says otherwise
 	f.StringVar(&a.offsetsTable, "offsets-table", "kafka_offsets", "name of the Kafka offsets table")
 	f.BoolVarP(&a.yes, "yes", "y", false, "do not ask for confirmation before writing")
 
-	root.AddCommand(a.migrateCmd(), a.statsCmd(), a.parkedCmd(), a.replayCmd(), a.sweepCmd())
+	root.AddCommand(a.migrateCmd(), a.statsCmd(), a.parkedCmd(), a.replayCmd(), a.sweepCmd(), a.outboxCmd())
 	return root
 }
 
