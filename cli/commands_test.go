@@ -47,6 +47,18 @@ func TestMigrate(t *testing.T) {
 	if e.count(`SELECT count(*) FROM pg_tables WHERE schemaname = 'ops'`) != 5 {
 		t.Fatal("the script did not create the 5 tables of schema ops (schema_migrations, parked, marks, advances, kafka_offsets)")
 	}
+
+	// The outbox's tables come with --outbox, under --outbox-table.
+	r = e.must(stock, "migrate", "--outbox", "--outbox-table", "orders_outbox", "--no-parked", "--no-strategy", "--yes")
+	if !strings.Contains(r.out, "applied 1 migration(s)") {
+		t.Fatalf("migrate --outbox: %s", r.out)
+	}
+	if e.count(`SELECT count(*) FROM pg_tables WHERE schemaname = 'effectively' AND tablename = 'orders_outbox'`) != 1 {
+		t.Fatal("migrate --outbox did not create effectively.orders_outbox")
+	}
+	if r := e.must(stock, "migrate", "--outbox", "--outbox-table", "orders_outbox", "--yes"); !strings.Contains(r.out, "up to date") {
+		t.Fatalf("second migrate --outbox: %s", r.out)
+	}
 }
 
 // A command that writes refuses without a terminal and without --yes; a

@@ -5,17 +5,20 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/outbox"
 	"github.com/spf13/cobra"
 )
 
 func (a *app) migrateCmd() *cobra.Command {
-	var print, withKafka, noParked, noStrategy bool
+	var print, withKafka, withOutbox, noParked, noStrategy bool
+	of := &outboxFlags{}
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create or upgrade the library's tables",
 		Long: `Create or upgrade the tables a consumer needs: the parked-messages table,
-the markers table(s) of the strategy named by --strategy, and, with --kafka,
-the Kafka offsets table. Run it once per strategy a deployment uses.
+the markers table(s) of the strategy named by --strategy, with --kafka the
+Kafka offsets table, and with --outbox the outbox's tables (--outbox-table).
+Run it once per strategy a deployment uses.
 
 Migrations already applied (recorded in <schema>.schema_migrations) are
 skipped, and an advisory lock keeps concurrent runs apart, so it is safe
@@ -33,8 +36,15 @@ dedupe.MigrationSQL) over a consumer's Migrations, which Consumer.Migrate runs.`
 			if err != nil {
 				return err
 			}
+			if withOutbox {
+				o, err := a.outbox(of)
+				if err != nil {
+					return err
+				}
+				lines = append(lines, o.Line())
+			}
 			if len(lines) == 0 {
-				return fmt.Errorf("nothing selected: drop --no-parked or --no-strategy, or add --kafka")
+				return fmt.Errorf("nothing selected: drop --no-parked or --no-strategy, or add --kafka or --outbox")
 			}
 			if print {
 				sql, err := dedupe.MigrationSQL(a.schema, lines...)
@@ -76,6 +86,8 @@ dedupe.MigrationSQL) over a consumer's Migrations, which Consumer.Migrate runs.`
 	f := cmd.Flags()
 	f.BoolVar(&print, "print", false, "print the SQL instead of applying it")
 	f.BoolVar(&withKafka, "kafka", false, "include the Kafka offsets table (--offsets-table)")
+	f.BoolVar(&withOutbox, "outbox", false, "include the outbox's tables (--outbox-table)")
+	f.StringVar(&of.table, "outbox-table", outbox.DefaultTable, "name of the outbox's messages table, with --outbox")
 	f.BoolVar(&noParked, "no-parked", false, "leave out the parked-messages table")
 	f.BoolVar(&noStrategy, "no-strategy", false, "leave out the strategy's tables")
 	return cmd
