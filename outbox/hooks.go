@@ -72,7 +72,8 @@ type WakeKind uint8
 const (
 	// WakeNotify: a NOTIFY from an emitting transaction.
 	WakeNotify WakeKind = iota + 1
-	// WakePoll: the poll interval (or the lease renewal) ran out.
+	// WakePoll: the poll interval ran out (or the wait for the lease
+	// renewal, or the backoff after a failed pass).
 	WakePoll
 )
 
