@@ -56,6 +56,7 @@ RETURNING l.part, l.generation`, parts, gens, ttl, r.owner)
 	}
 	lost := len(parts) - len(renewed)
 
+	released := 0
 	if extra := len(renewed) - share; extra > 0 {
 		var give []int32
 		var giveGens []int64
@@ -70,6 +71,7 @@ RETURNING l.part, l.generation`, parts, gens, ttl, r.owner)
 		if err := r.release(ctx, give, giveGens); err != nil {
 			return err
 		}
+		released = len(give)
 	}
 	taken := 0
 	if want := share - len(renewed); want > 0 {
@@ -98,6 +100,7 @@ RETURNING l.part, l.generation`, r.owner, ttl, want)
 	r.mu.Lock()
 	r.leases = renewed
 	r.mu.Unlock()
+	r.leasesChanged(ctx, LeaseEvent{Acquired: taken, Lost: lost, Released: released, Held: len(renewed), Relays: live})
 	if lost > 0 || taken > 0 {
 		r.log.Debug("outbox: leases changed", "owner", r.owner, "held", len(renewed), "taken", taken, "lost", lost, "relays", live)
 	}

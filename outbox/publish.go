@@ -11,14 +11,23 @@ import (
 // pass reads one batch of publishable rows of the partitions held, publishes
 // them sink by sink and writes back what became of each. It returns how
 // many rows it read.
-func (r *Relay) pass(ctx context.Context) (int, error) {
+func (r *Relay) pass(ctx context.Context) (_ int, err error) {
 	parts, gens := r.held()
 	if len(parts) == 0 {
 		return 0, nil
 	}
+	start := time.Now()
 	rows, err := r.fetch(ctx, parts, r.cfg.BatchSize)
 	if err != nil || len(rows) == 0 {
 		return 0, err
+	}
+	var st *PassStats
+	if len(r.hooks.pass) > 0 {
+		st = &PassStats{Owner: r.owner, Read: len(rows)}
+		defer func() {
+			st.Err, st.Total = err, time.Since(start)
+			r.passDone(ctx, st)
+		}()
 	}
 	if r.cfg.beforeCheck != nil {
 		r.cfg.beforeCheck()
@@ -37,6 +46,9 @@ func (r *Relay) pass(ctx context.Context) (int, error) {
 		}
 		live = append(live, x)
 	}
+	if st != nil {
+		st.Expired = len(rows) - len(live)
+	}
 	if len(live) == 0 {
 		return len(rows), nil
 	}
@@ -53,7 +65,12 @@ func (r *Relay) pass(ctx context.Context) (int, error) {
 		bySink[x.msg.Sink] = append(bySink[x.msg.Sink], x)
 	}
 	for _, name := range order {
-		outs = append(outs, r.publish(pctx, name, bySink[name])...)
+		t0 := time.Now()
+		o := r.publish(pctx, name, bySink[name])
+		if st != nil {
+			st.Sinks = append(st.Sinks, r.sinkPass(name, bySink[name], o, time.Since(t0)))
+		}
+		outs = append(outs, o...)
 	}
 	if r.cfg.afterPublish != nil {
 		if err := r.cfg.afterPublish(live); err != nil {
@@ -67,11 +84,37 @@ func (r *Relay) pass(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	if st != nil {
+		st.Marked = n
+	}
 	if n < int64(len(outs)) {
 		r.log.Warn("outbox: lease lost before marking; another relay publishes these again",
 			"owner", r.owner, "rows", len(outs), "marked", n)
 	}
 	return len(rows), nil
+}
+
+// sinkPass counts what became of one sink's rows in a pass and, for the
+// published ones, their commit-to-publish latency.
+func (r *Relay) sinkPass(name string, rows []row, outs []outcome, took time.Duration) SinkPass {
+	sp := SinkPass{Sink: name, Publish: took, Held: len(rows) - len(outs)}
+	now := r.now()
+	created := make(map[int64]time.Time, len(rows))
+	for _, x := range rows {
+		created[x.id] = x.created
+	}
+	for _, o := range outs {
+		switch o.kind {
+		case outPublished:
+			sp.Published++
+			sp.CommitToPublish = append(sp.CommitToPublish, max(now.Sub(created[o.id]), 0))
+		case outRetry:
+			sp.Retried++
+		case outPark:
+			sp.Parked++
+		}
+	}
+	return sp
 }
 
 // publish sends one sink's rows and returns their outcomes. Once a row of

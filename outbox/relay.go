@@ -25,6 +25,8 @@ const (
 	DefaultMaxBackoff   = 30 * time.Second
 	DefaultRetention    = 24 * time.Hour
 	DefaultCleanupBatch = 1000
+	// DefaultBacklogInterval is the default RelayConfig.BacklogInterval.
+	DefaultBacklogInterval = 15 * time.Second
 )
 
 // RelayConfig configures a Relay.
@@ -71,6 +73,13 @@ type RelayConfig struct {
 	CleanupBatch int
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
+	// Hooks observe the relay, for metrics and tracing (see RelayHook).
+	// Defaults to none.
+	Hooks []RelayHook
+	// BacklogInterval is how often the relay reads the outbox's backlog
+	// for the hooks that implement BacklogHook; without one it never does.
+	// Defaults to DefaultBacklogInterval.
+	BacklogInterval time.Duration
 
 	// Hooks for the package's tests; nil in use.
 	now          func() time.Time
@@ -118,6 +127,7 @@ func (c *RelayConfig) defaults() error {
 	set(&c.MaxBackoff, DefaultMaxBackoff)
 	set(&c.Retention, DefaultRetention)
 	set(&c.CleanupInterval, min(c.Retention/10, time.Hour))
+	set(&c.BacklogInterval, DefaultBacklogInterval)
 	if c.CleanupBatch == 0 {
 		c.CleanupBatch = DefaultCleanupBatch
 	}
@@ -128,7 +138,7 @@ func (c *RelayConfig) defaults() error {
 		c.now = time.Now
 	}
 	switch {
-	case c.BatchSize < 0, c.CleanupBatch < 0, c.PollInterval < 0, c.Retention < 0, c.CleanupInterval <= 0:
+	case c.BatchSize < 0, c.CleanupBatch < 0, c.PollInterval < 0, c.Retention < 0, c.CleanupInterval <= 0, c.BacklogInterval < 0:
 		return errors.New("outbox: RelayConfig has a negative size or duration")
 	case c.LeaseMargin < 0 || c.LeaseMargin >= c.LeaseTTL:
 		return errors.New("outbox: RelayConfig.LeaseMargin must be at least 0 and less than LeaseTTL")
@@ -147,6 +157,7 @@ type Relay struct {
 	owner string
 	log   *slog.Logger
 	now   func() time.Time
+	hooks hooks
 
 	mu     sync.Mutex
 	leases map[int32]lease
@@ -162,7 +173,7 @@ func NewRelay(db dedupe.DB, cfg RelayConfig) (*Relay, error) {
 		return nil, err
 	}
 	return &Relay{db: db, cfg: cfg, t: newTables(cfg.Schema, cfg.Table), owner: cfg.Owner,
-		log: cfg.Logger, now: cfg.now, leases: map[int32]lease{}}, nil
+		log: cfg.Logger, now: cfg.now, hooks: newHooks(cfg.Hooks), leases: map[int32]lease{}}, nil
 }
 
 // errCrash, returned by a test hook, makes Run return at once, as a crash
@@ -186,7 +197,7 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	poll := time.NewTimer(0)
 	defer poll.Stop()
-	var nextLease, nextCleanup time.Time
+	var nextLease, nextCleanup, nextBacklog time.Time
 	failures := 0
 	for {
 		if ctx.Err() != nil {
@@ -210,6 +221,12 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			nextCleanup = time.Now().Add(r.cfg.CleanupInterval)
 		}
+		if len(r.hooks.backlog) > 0 && !time.Now().Before(nextBacklog) {
+			if err := r.reportBacklog(ctx); err != nil && ctx.Err() == nil {
+				r.log.Warn("outbox: backlog", "err", err)
+			}
+			nextBacklog = time.Now().Add(r.cfg.BacklogInterval)
+		}
 		n, err := r.pass(ctx)
 		if errors.Is(err, errCrash) {
 			return err
@@ -229,13 +246,16 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
-// wait returns on a notification, after d, or when ctx is done.
+// wait returns on a notification, after d, or when ctx is done, and tells
+// the hooks what woke it.
 func (r *Relay) wait(ctx context.Context, wake <-chan struct{}, t *time.Timer, d time.Duration) {
 	t.Reset(max(d, 0))
 	select {
 	case <-ctx.Done():
 	case <-wake:
+		r.woke(ctx, WakeNotify)
 	case <-t.C:
+		r.woke(ctx, WakePoll)
 	}
 }
 
@@ -245,6 +265,8 @@ func (r *Relay) shutdown() error {
 	parts, gens := r.held()
 	if err := r.release(ctx, parts, gens); err != nil {
 		r.log.Warn("outbox: shutdown", "err", err)
+	} else {
+		r.leasesChanged(ctx, LeaseEvent{Released: len(parts)})
 	}
 	if _, err := r.db.Exec(ctx, `DELETE FROM `+r.t.relays+` WHERE owner = $1`, r.owner); err != nil {
 		r.log.Warn("outbox: shutdown", "err", err)

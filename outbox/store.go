@@ -12,6 +12,7 @@ type row struct {
 	part     int32
 	seq      int64
 	attempts int
+	created  time.Time
 	msg      Message
 }
 
@@ -27,7 +28,7 @@ type row struct {
 // no later row of those keys can be committed before it).
 func (r *Relay) fetch(ctx context.Context, parts []int32, limit int) ([]row, error) {
 	m := r.t.messages
-	rows, err := r.db.Query(ctx, `SELECT o.id, o.part, o.sink, o.key, o.seq, o.msg_id, o.value, o.headers, o.attempts
+	rows, err := r.db.Query(ctx, `SELECT o.id, o.part, o.sink, o.key, o.seq, o.msg_id, o.value, o.headers, o.attempts, o.created_at
 FROM `+m+` o
 WHERE o.part = ANY($1) AND o.published_at IS NULL AND o.parked_at IS NULL
   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
@@ -46,7 +47,7 @@ LIMIT $2`, parts, limit)
 	for rows.Next() {
 		var x row
 		var headers []byte
-		if err := rows.Scan(&x.id, &x.part, &x.msg.Sink, &x.msg.Key, &x.seq, &x.msg.ID, &x.msg.Value, &headers, &x.attempts); err != nil {
+		if err := rows.Scan(&x.id, &x.part, &x.msg.Sink, &x.msg.Key, &x.seq, &x.msg.ID, &x.msg.Value, &headers, &x.attempts, &x.created); err != nil {
 			return nil, fmt.Errorf("outbox: fetch: %w", err)
 		}
 		if x.msg.Headers, err = decodeHeaders(headers); err != nil {
@@ -125,4 +126,31 @@ func (r *Relay) cleanup(ctx context.Context, parts []int32) (int64, error) {
 			return total, nil
 		}
 	}
+}
+
+// backlog reads, per sink, how many rows wait for a relay (unpublished and
+// not parked) and the age of the oldest.
+func (r *Relay) backlog(ctx context.Context) ([]Backlog, error) {
+	rows, err := r.db.Query(ctx, `SELECT sink, count(*), extract(epoch FROM now() - min(created_at))::float8
+FROM `+r.t.messages+`
+WHERE published_at IS NULL AND parked_at IS NULL
+GROUP BY sink ORDER BY sink`)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: backlog: %w", err)
+	}
+	defer rows.Close()
+	var out []Backlog
+	for rows.Next() {
+		var b Backlog
+		var secs float64
+		if err := rows.Scan(&b.Sink, &b.Waiting, &secs); err != nil {
+			return nil, fmt.Errorf("outbox: backlog: %w", err)
+		}
+		b.Oldest = time.Duration(max(secs, 0) * float64(time.Second))
+		out = append(out, b)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: backlog: %w", err)
+	}
+	return out, nil
 }

@@ -44,6 +44,25 @@
 // (effectively_highwater_*, effectively_bloom_*), read from its Stats at
 // each scrape; see their documentation for the names.
 //
+// # Outbox relay
+//
+// RelayMetrics measures outbox relays: create it with NewRelay, register
+// it, and pass it in outbox.RelayConfig.Hooks. Its series:
+//
+//	effectively_outbox_messages_total{sink,outcome}      counter; outcome is published, retried,
+//	                                                     parked or held (behind a failure of its key)
+//	effectively_outbox_parked_total{sink}                counter of messages refused for good
+//	effectively_outbox_publish_duration_seconds{sink}    histogram of a sink's publish per pass
+//	effectively_outbox_commit_to_publish_seconds{sink}   histogram, row created to published
+//	effectively_outbox_wakeups_total{kind}               counter; kind is notify or poll
+//	effectively_outbox_lease_changes_total{change}       counter of partitions acquired, lost or released
+//	effectively_outbox_pass_errors_total                 counter of passes that ended in an error
+//	effectively_outbox_waiting_rows{sink}                gauge of rows waiting (unpublished, not parked)
+//	effectively_outbox_oldest_unpublished_seconds{sink}  gauge, age of the oldest waiting row
+//
+// The two gauges are set from the relay's backlog report, every
+// outbox.RelayConfig.BacklogInterval.
+//
 // # Lag
 //
 // The consumer cannot know how far behind its source it is; the source or

@@ -23,4 +23,12 @@
 // effectively.commit_seconds, effectively.ack_seconds). A batch that rolled
 // back (BatchStats.Err, which includes a fenced batch) records the error and
 // sets the span's status to Error.
+//
+// NewRelay returns a hook for outbox.RelayConfig.Hooks that records a span
+// per relay publish pass, named "effectively.outbox.publish", of kind
+// producer, from the pass's fetch to its marking, with effectively.relay,
+// effectively.sinks, effectively.messages (rows read), effectively.published,
+// effectively.retried, effectively.parked, effectively.held,
+// effectively.expired, effectively.marked and effectively.publish_seconds. A
+// pass that ended in an error records it and has status Error.
 package effotel
