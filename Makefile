@@ -10,7 +10,7 @@ FAUXQS    := internal/fauxqs/node_modules/.package-lock.json
 PKGS      := $(shell $(GO) list -m -f '{{.Path}}/...')
 MODDIRS   := $(shell $(GO) list -m -f '{{.Dir}}')
 
-.PHONY: test test-race test-short flake soak soak-kafka bench bench-expiry lint tidy demo deps
+.PHONY: test test-race test-short flake soak soak-kafka soak-outbox bench bench-expiry lint tidy demo deps
 
 ## test: the whole suite with the race detector (starts its own PostgreSQL, Kafka and SQS peers)
 test: test-race
@@ -26,10 +26,14 @@ test-short: deps
 flake: deps
 	$(GO) test -race -count=5 -timeout 60m $(PKGS)
 
-## soak: the consumer's invariant test over SOAK_SEEDS seeds (default 200) per strategy and handler shape, after soak-kafka
+## soak: the consumer's invariant test over SOAK_SEEDS seeds (default 200) per strategy and handler shape, after soak-kafka and soak-outbox
 SOAK_SEEDS ?= 200
-soak: soak-kafka
+soak: soak-kafka soak-outbox
 	INVARIANT_SEEDS=$(SOAK_SEEDS) $(GO) test -race -count=1 -timeout 4h -run '^TestInvariant$$' $(SOAK_FLAGS) ./consumer/
+
+## soak-outbox: the outbox's chained invariant (stage A, outbox, relays, Kafka, stage B) at 100,000 inputs
+soak-outbox:
+	CHAIN_INPUTS=100000 $(GO) test -race -count=1 -timeout 30m -v -run '^TestChained$$' ./outbox/
 
 ## soak-kafka: the Kafka source's multi-process chaos run at full length (120,000 messages, 12 kills, 2 freezes; see internal/chaos for the CHAOS_* variables)
 soak-kafka:
