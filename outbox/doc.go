@@ -88,8 +88,7 @@
 // the sink wrote them (a duplicate, never a reordering of what is
 // marked). A transient failure is retried with a doubling backoff, with
 // no limit (the row's attempts and last_error columns say why a key is
-// waiting); a
-// refusal for good is retried alone (brokers refuse whole batches for one
+// waiting); a refusal for good is retried alone (brokers refuse whole batches for one
 // message) and then parked with the reason, in the outbox table itself,
 // holding back only its key until Outbox.Redrive or Outbox.Purge. Parked
 // rows are never deleted by the cleanup, which deletes published rows
@@ -100,4 +99,13 @@
 // fallback; PollOnly turns LISTEN off for PgBouncer's transaction pooling.
 // Run returns when its context is done, after marking what the pass in
 // progress published and giving its leases back.
+//
+// # Operating
+//
+// RelayConfig.Hooks report each publish pass (PassStats: per sink,
+// published, retried, parked and held messages, publish and
+// commit-to-publish times) and, through optional interfaces, wake-ups,
+// lease changes and the backlog; metrics/effprom and tracing/effotel have
+// adapters. Outbox.Stats and Outbox.Rows report and list what waits, and
+// the effectively command's "outbox" subcommands use them.
 package outbox
