@@ -3,6 +3,8 @@ package outbox
 import (
 	"bytes"
 	"context"
+	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -170,5 +172,86 @@ func TestSQSSinkBatches(t *testing.T) {
 	}
 	if got := receiveAll(t, c, url, 25); len(got) != 25 {
 		t.Fatalf("received %d", len(got))
+	}
+}
+
+// TestSQSRules: what SQSSink refuses before sending, at SQS's limits.
+func TestSQSRules(t *testing.T) {
+	s := &SQSSink{fifo: true}
+	ok := Message{Key: []byte("k"), Value: []byte("v"), ID: "id"}
+	with := func(f func(*Message)) Message { m := ok; f(&m); return m }
+	nine := make([]Header, 9)
+	for i := range nine {
+		nine[i] = Header{Key: "h" + strconv.Itoa(i), Value: []byte("v")}
+	}
+	for _, tc := range []struct {
+		m    Message
+		want string // "" when accepted
+	}{
+		{ok, ""},
+		{with(func(m *Message) { m.Headers = nine }), ""},
+		{with(func(m *Message) { m.Headers = append(nine, Header{Key: "h9", Value: []byte("v")}) }), "10 headers"},
+		{with(func(m *Message) { m.Key = bytes.Repeat([]byte("k"), 128) }), ""},
+		{with(func(m *Message) { m.Key = bytes.Repeat([]byte("k"), 129) }), "not a MessageGroupId"},
+		{with(func(m *Message) { m.Key = []byte("ké") }), "not a MessageGroupId"},
+		{with(func(m *Message) { m.Value = []byte{0xff} }), "not valid UTF-8"},
+		{with(func(m *Message) { m.Value = []byte("a\x01") }), "U+0001"},
+		{with(func(m *Message) { m.Value = []byte("\t\r\n \U0010FFFF") }), ""},
+		{with(func(m *Message) { m.Value = bytes.Repeat([]byte("x"), SQSMaxSize-200) }), ""},
+		{with(func(m *Message) { m.Headers = []Header{{Key: "a..b", Value: []byte("v")}} }), "double period"},
+		{with(func(m *Message) { m.Headers = []Header{{Key: "amazon.x", Value: []byte("v")}} }), "reserved"},
+		{with(func(m *Message) { m.Headers = []Header{{Key: "a b", Value: []byte("v")}} }), "made of"},
+		{with(func(m *Message) { m.Headers = []Header{{Key: "h", Value: []byte("v")}, {Key: "h", Value: []byte("w")}} }), "twice"},
+		{with(func(m *Message) { m.ID = "a\x01" }), "ID"},
+	} {
+		_, _, err := s.entry(&tc.m)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%+v refused: %v", tc.m.Headers, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("key %q: got %v, want an error with %q", tc.m.Key, err, tc.want)
+		}
+	}
+	long := strings.Repeat("x", 128)
+	if SQSDeduplicationID(long) != long || SQSDeduplicationID(long+"x") == long+"x" || len(SQSDeduplicationID(long+"x")) > 128 ||
+		SQSDeduplicationID("a b") == SQSDeduplicationID("a c") {
+		t.Fatal("SQSDeduplicationID keeps IDs that fit and hashes those that do not, apart")
+	}
+}
+
+// TestSQSSinkHoldsKey: once a message of a key fails, the key's later
+// messages of the same Publish are not sent; other keys are.
+func TestSQSSinkHoldsKey(t *testing.T) {
+	c := fauxqs.Client(t)
+	url := fauxqs.NewQueue(t, c, "hold", nil)
+	s := sqsSink(t, c, url)
+	var msgs []Message
+	for i := range 12 { // the refused one in the first request, the held ones in both
+		k := []byte("other")
+		if i%2 == 0 {
+			k = []byte("k")
+		}
+		msgs = append(msgs, Message{Key: k, Value: []byte("v" + strconv.Itoa(i)), ID: "h" + strconv.Itoa(i)})
+	}
+	msgs[2].Value = nil
+	err := s.Publish(context.Background(), msgs)
+	var pe PublishErrors
+	if !errors.As(err, &pe) || len(pe) != 5 || !IsPermanent(pe[2]) {
+		t.Fatalf("Publish: %v", err)
+	}
+	for i := 4; i < 12; i += 2 {
+		if pe[i] == nil || IsPermanent(pe[i]) {
+			t.Fatalf("message %d of the failed key: %v, want a transient error", i, pe[i])
+		}
+	}
+	got := receiveAll(t, c, url, 7)
+	ids := map[string]bool{}
+	for _, m := range got {
+		ids[string(attr(m, sqs.DefaultIDAttribute))] = true
+	}
+	for _, id := range []string{"h0", "h1", "h3", "h5", "h7", "h9", "h11"} {
+		if !ids[id] {
+			t.Fatalf("received %v, want %s among them", ids, id)
+		}
 	}
 }
