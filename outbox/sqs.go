@@ -65,7 +65,15 @@ const (
 // reason. SQS's per-message refusals of a batch are reported per message:
 // for good when SQS says the sender is at fault, for a retry otherwise.
 // Once a message of a key fails, the key's later messages of the same
-// Publish are not sent (they fail with it), so the key's order holds.
+// Publish are not sent (they fail with it), so the key's order holds;
+// within one SendMessageBatch SQS answers per entry, and should it refuse
+// an entry and accept a later one of the same group, that one arrives
+// first (the relay sends the refused one again, after it).
+//
+// A FIFO queue drops a MessageDeduplicationId it has seen in the last five
+// minutes, so most of the relay's republishes never reach the next stage;
+// those after the window, and all of them on a standard queue, are
+// duplicates the next stage drops by its dedupe ID.
 type SQSSink struct {
 	c    *awssqs.Client
 	url  string
@@ -108,6 +116,16 @@ func (s *SQSSink) Publish(ctx context.Context, msgs []Message) error {
 		if err != nil {
 			return classifySQS(err)
 		}
+		// Only what SQS lists as successful counts as sent.
+		done := make([]error, len(idx))
+		for n := range done {
+			done[n] = errors.New("outbox: SQS said nothing of the message")
+		}
+		for _, ok := range out.Successful {
+			if n, perr := strconv.Atoi(aws.ToString(ok.Id)); perr == nil && n >= 0 && n < len(idx) {
+				done[n] = nil
+			}
+		}
 		for _, f := range out.Failed {
 			n, perr := strconv.Atoi(aws.ToString(f.Id))
 			if perr != nil || n < 0 || n >= len(idx) {
@@ -117,7 +135,12 @@ func (s *SQSSink) Publish(ctx context.Context, msgs []Message) error {
 			if f.SenderFault && !transientSQSCode(aws.ToString(f.Code)) {
 				e = Permanent(e)
 			}
-			fail(idx[n], e)
+			done[n] = e
+		}
+		for n, e := range done {
+			if e != nil {
+				fail(idx[n], e)
+			}
 		}
 		batch, idx, size = batch[:0], idx[:0], 0
 		return nil
