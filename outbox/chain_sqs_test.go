@@ -22,14 +22,17 @@ import (
 // TestChainedSQS is TestChained's invariant through SQS (fauxqs): stage A
 // (a consumer.Consumer over the test broker, with duplicate inputs and lost
 // acks, restarted once) emits one message per input, two relays at once
-// crash between publishing and marking and are started again, an SQSSink
-// sends to the queue, and stage B, a consumer over sources/sqs restarted
-// twice, applies exactly one effect per logical input, its value and
-// headers byte for byte what stage A emitted. On a FIFO queue (key =
+// crash between publishing and marking (or stop in mid-pass) and are
+// started again, an SQSSink sends to the queue, and stage B, a consumer
+// over sources/sqs restarted twice, applies exactly one effect per logical
+// input, its value and headers byte for byte what stage A emitted. On a FIFO queue (key =
 // MessageGroupId) each key's first deliveries reach stage B in the
 // outbox's commit order; a standard queue orders nothing, so only the
 // exactly-once part is checked there. SQS bodies cannot be nil or empty, so
-// every value here is text. CHAIN_SQS_INPUTS sets the size.
+// every value here is text. The emulator, like SQS, drops a FIFO
+// deduplication ID seen in the last five minutes, so stage B sees the
+// relays' duplicates only on the standard queue. CHAIN_SQS_INPUTS sets the
+// size.
 func TestChainedSQS(t *testing.T) {
 	t.Run("standard", func(t *testing.T) { testChainedSQS(t, false) })
 	t.Run("FIFO", func(t *testing.T) { testChainedSQS(t, true) })
@@ -89,7 +92,7 @@ CREATE TABLE b_effects (serial bigserial, input text, account text, msg_id text,
 	if err != nil {
 		t.Fatal(err)
 	}
-	var crashes, incarnations atomic.Int64
+	var crashes, stops, incarnations atomic.Int64
 	relayCtx, stopRelays := context.WithCancel(ctx)
 	var relays sync.WaitGroup
 	for slot := range 2 {
@@ -99,24 +102,35 @@ CREATE TABLE b_effects (serial bigserial, input text, account text, msg_id text,
 			for life := 0; relayCtx.Err() == nil; life++ {
 				incarnations.Add(1)
 				var passes atomic.Int64
-				crashAt := int64(-1)
-				if life < 3 {
+				crashAt, stopAt := int64(-1), int64(-1)
+				switch {
+				case life < 3:
 					crashAt = int64(2 + (slot+life)%3)
+				case life == 3:
+					stopAt = 2
 				}
+				lifeCtx, stopLife := context.WithCancel(relayCtx)
 				r, err := NewRelay(db, RelayConfig{Sinks: map[string]Sink{"balances": sink}, LeaseTTL: time.Second,
 					BatchSize: 200, PollInterval: 200 * time.Millisecond, Logger: consumertest.Logger(),
 					afterPublish: func([]row) error {
-						if passes.Add(1) == crashAt {
+						switch passes.Add(1) {
+						case crashAt:
 							crashes.Add(1)
 							return errCrash
+						case stopAt:
+							stops.Add(1)
+							stopLife() // a graceful stop in mid-pass: what was published is marked
 						}
 						return nil
 					}})
 				if err != nil {
+					stopLife()
 					t.Error(err)
 					return
 				}
-				if err := r.Run(relayCtx); err != nil && err != errCrash {
+				err = r.Run(lifeCtx)
+				stopLife()
+				if err != nil && err != errCrash {
 					t.Error(err)
 					return
 				}
@@ -191,8 +205,8 @@ CREATE TABLE b_effects (serial bigserial, input text, account text, msg_id text,
 	if parked := consumertest.Parked(t, db, "", ""); len(parked) != 0 {
 		t.Fatalf("%d messages parked, want none: first %+v", len(parked), parked[0])
 	}
-	t.Logf("chain (SQS, fifo %v): %d inputs (%d sent twice), stage A broker %+v; relays: %d incarnations, %d crashes before marking; stage A: 1 restart; stage B: %d restarts, %s",
-		fifo, inputs, logicalDupes, broker.Stats(), incarnations.Load(), crashes.Load(), restartsB, counterB)
+	t.Logf("chain (SQS, fifo %v): %d inputs (%d sent twice), stage A broker %+v; relays: %d incarnations, %d crashes before marking, %d stops mid-pass; stage A: 1 restart; stage B: %d restarts, %s",
+		fifo, inputs, logicalDupes, broker.Stats(), incarnations.Load(), crashes.Load(), stops.Load(), restartsB, counterB)
 	if crashes.Load() == 0 {
 		t.Fatal("no relay crashed: the test did not test what it says")
 	}
