@@ -81,7 +81,10 @@
 //
 // A Sink publishes one destination's messages and says, per message, what
 // failed (PublishErrors) and whether for good (Permanent). KafkaSink
-// writes with a kafka-go Writer (Kafka key = message key). The relay
+// writes with a kafka-go Writer (Kafka key = message key). SQSSink sends
+// with SendMessageBatch (the ID as the idempotency-key attribute; on a FIFO
+// queue MessageGroupId = key and MessageDeduplicationId = the ID, or its
+// hash when it does not fit). The relay
 // marks a row published only after its sink said so: a crash at any point
 // before the mark republishes it, with the same ID. Once a key's message
 // fails, the key's later messages of the batch are not marked, even if
