@@ -68,7 +68,7 @@ CREATE TABLE IF NOT EXISTS pipeline_balances (
 var accounts = []string{"alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy"}
 
 func main() {
-	n := flag.Int("n", 20000, "number of transfers")
+	n := flag.Int("n", 10000, "number of transfers")
 	verbose := flag.Bool("v", false, "log what the consumers and the relay do")
 	flag.Parse()
 	if err := run(context.Background(), *n, *verbose); err != nil {
