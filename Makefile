@@ -53,6 +53,11 @@ bench:
 bench-expiry:
 	$(GO) run ./bench/cmd/expirytable
 
+## bench-outbox: the outbox's emit overhead, relay throughput and commit-to-publish latency (see BENCHMARKS.md)
+.PHONY: bench-outbox
+bench-outbox:
+	$(GO) run ./bench/cmd/outboxtable
+
 ## lint: go vet and staticcheck, over every module
 lint:
 	$(GO) vet $(PKGS)

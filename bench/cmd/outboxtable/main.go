@@ -1,0 +1,170 @@
+// Command outboxtable runs the outbox's benchmarks of package bench side
+// by side on one PostgreSQL and the in-process Kafka (kfake), and prints
+// BENCHMARKS.md's table: the engine's BatchHandler with one emit per
+// message against the same without, the relay against a plain kafka-go
+// Writer writing the same messages to the same topic, and commit-to-publish
+// latency with NOTIFY and with polling only, idle and under load.
+//
+//	go run ./bench/cmd/outboxtable [-scale 1] [-runs 3]
+//
+// It starts a throwaway PostgreSQL with fsync on (as production runs) unless
+// DATABASE_URL names a database to use; that database's ledger and
+// effectively tables are emptied.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"time"
+
+	"github.com/effectively-once/effectively/bench"
+	"github.com/effectively-once/effectively/internal/kafkatest"
+	"github.com/effectively-once/effectively/pgtest"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+func main() {
+	scale := flag.Float64("scale", 1, "multiply the number of messages per run")
+	runs := flag.Int("runs", 3, "runs per throughput variant; the median is reported")
+	probes := flag.Int("probes", 200, "latency probes per latency row")
+	flag.Parse()
+	if err := run(*scale, *runs, *probes); err != nil {
+		fmt.Fprintln(os.Stderr, "outboxtable:", err)
+		os.Exit(1)
+	}
+}
+
+func median(xs []float64) float64 {
+	xs = slices.Clone(xs)
+	slices.Sort(xs)
+	return xs[len(xs)/2]
+}
+
+func run(scale float64, runs, probes int) error {
+	ctx := context.Background()
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		fmt.Fprintln(os.Stderr, "starting a throwaway PostgreSQL (fsync on)…")
+		c, err := pgtest.Start(ctx, pgtest.Options{Fsync: true})
+		if err != nil {
+			return err
+		}
+		defer c.Stop()
+		if url, err = c.CreateDatabase(ctx, "bench"); err != nil {
+			return err
+		}
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	ob, err := bench.SetupOutbox(ctx, pool)
+	if err != nil {
+		return err
+	}
+	var version string
+	_ = pool.QueryRow(ctx, `SHOW server_version`).Scan(&version)
+	k, err := kafkatest.Start() // KAFKA_BROKERS, or the in-process kfake
+	if err != nil {
+		return err
+	}
+	defer k.Close()
+	topic := kafkatest.Name("outbox-bench")
+	if err := k.CreateTopic(ctx, topic, 4); err != nil {
+		return err
+	}
+
+	// (a) and (b): runs interleaved, so the machine's changing load falls
+	// on both sides alike; each ratio is the median of the runs' ratios.
+	nEmit, nRelay := int(40000*scale), int(50000*scale)
+	var plain, emit, relay, writer, emitRatio, relayRatio []float64
+	for r := 1; r <= runs; r++ {
+		if err := bench.ResetOutbox(ctx, pool); err != nil {
+			return err
+		}
+		d, err := bench.Engine(true)(ctx, pool, nEmit, 500)
+		if err != nil {
+			return fmt.Errorf("BatchHandler: %w", err)
+		}
+		plain = append(plain, float64(nEmit)/d.Seconds())
+		if err := bench.ResetOutbox(ctx, pool); err != nil {
+			return err
+		}
+		if d, err = bench.EngineEmit(ob)(ctx, pool, nEmit, 500); err != nil {
+			return fmt.Errorf("BatchHandler + emit: %w", err)
+		}
+		emit = append(emit, float64(nEmit)/d.Seconds())
+		if err := bench.ResetOutbox(ctx, pool); err != nil {
+			return err
+		}
+		if d, err = bench.RelayThroughput(ctx, pool, ob, k, topic, nRelay); err != nil {
+			return fmt.Errorf("relay: %w", err)
+		}
+		relay = append(relay, float64(nRelay)/d.Seconds())
+		if d, err = bench.WriterThroughput(ctx, k, topic, nRelay); err != nil {
+			return fmt.Errorf("writer: %w", err)
+		}
+		writer = append(writer, float64(nRelay)/d.Seconds())
+		emitRatio = append(emitRatio, emit[r-1]/plain[r-1])
+		relayRatio = append(relayRatio, relay[r-1]/writer[r-1])
+		fmt.Fprintf(os.Stderr, "run %d: BatchHandler %.0f, + emit %.0f msgs/s; relay %.0f, Writer %.0f msgs/s\n", r, plain[r-1], emit[r-1], relay[r-1], writer[r-1])
+	}
+
+	// (c)
+	type latRow struct {
+		name           string
+		load, pollOnly bool
+		l              bench.Latency
+		err            error
+	}
+	lats := []*latRow{
+		{name: "NOTIFY, idle"}, {name: "NOTIFY, under load", load: true},
+		{name: "polling only (1 s), idle", pollOnly: true}, {name: "polling only (1 s), under load", load: true, pollOnly: true},
+	}
+	for _, l := range lats {
+		if err := bench.ResetOutbox(ctx, pool); err != nil {
+			return err
+		}
+		// A row that fails is reported as failed, in the table.
+		l.l, l.err = bench.CommitToPublish(ctx, pool, ob, k, topic, probes, l.load, l.pollOnly)
+		fmt.Fprintf(os.Stderr, "latency %s: p50 %s p99 %s err %v\n", l.name, l.l.P50, l.l.P99, l.err)
+	}
+
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
+	fmt.Printf("PostgreSQL %s, fsync on, Kafka: kfake in-process, %d CPUs, %s; medians of %d interleaved runs.\n\n",
+		version, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02"), runs)
+	fmt.Println("| benchmark | messages | result | beside it | ratio | target |")
+	fmt.Println("|---|---:|---:|---:|---:|---|")
+	er, rr := median(emitRatio), median(relayRatio)
+	fmt.Printf("| BatchHandler (batch 500) + one emit per message, against without | %d | %.0f msgs/s | %.0f msgs/s | %.0f%% | ≥ 60%% %s |\n",
+		nEmit, median(emit), median(plain), 100*er, mark(er >= 0.6))
+	fmt.Printf("| relay → Kafka, against a plain kafka-go Writer, same messages and topic | %d | %.0f msgs/s | %.0f msgs/s | %.0f%% | ≥ 70%% %s |\n",
+		nRelay, median(relay), median(writer), 100*rr, mark(rr >= 0.7))
+	fmt.Println()
+	fmt.Println("| commit-to-publish latency | probes | p50 | p99 | load (msgs emitted meanwhile) | target |")
+	fmt.Println("|---|---:|---:|---:|---:|---|")
+	for _, l := range lats {
+		target := "—"
+		if !l.pollOnly {
+			target = "p50 < 50 ms " + mark(l.l.P50 < 50*time.Millisecond)
+		}
+		if l.err != nil {
+			fmt.Printf("| %s | — | failed: %v | | | %s |\n", l.name, l.err, mark(false))
+			continue
+		}
+		fmt.Printf("| %s | %d | %s | %s | %d | %s |\n", l.name, l.l.Samples, ms(l.l.P50), ms(l.l.P99), l.l.Load, target)
+	}
+	return nil
+}
+
+func mark(ok bool) string {
+	if ok {
+		return "(met)"
+	}
+	return "(MISSED)"
+}
