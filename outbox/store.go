@@ -28,17 +28,29 @@ type row struct {
 // no later row of those keys can be committed before it).
 func (r *Relay) fetch(ctx context.Context, parts []int32, limit int) ([]row, error) {
 	m := r.t.messages
+	// Each partition is read through its own index range, at most perPart
+	// rows of it, so a pass costs the rows it may publish, not the whole
+	// backlog. perPart rows are a prefix per key of each partition's
+	// eligible rows, and the outer order truncates them by the same order,
+	// so each key's rows stay a prefix of its unpublished ones.
+	perPart := limit
+	if len(parts) > 1 {
+		perPart = max(2*limit/len(parts), min(limit, 64))
+	}
 	rows, err := r.db.Query(ctx, `SELECT o.id, o.part, o.sink, o.key, o.seq, o.msg_id, o.value, o.headers, o.attempts, o.created_at
-FROM `+m+` o
-WHERE o.part = ANY($1) AND o.published_at IS NULL AND o.parked_at IS NULL
-  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
-  AND (o.seq = 0 OR NOT EXISTS (
-      SELECT 1 FROM `+m+` p
-      WHERE p.part = o.part AND p.sink = o.sink AND p.key = o.key AND p.seq < o.seq
-        AND p.published_at IS NULL
-        AND (p.parked_at IS NOT NULL OR p.next_attempt_at > now())))
+FROM unnest($1::int[]) AS q(part), LATERAL (
+    SELECT * FROM `+m+` o
+    WHERE o.part = q.part AND o.published_at IS NULL AND o.parked_at IS NULL
+      AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+      AND (o.seq = 0 OR NOT EXISTS (
+          SELECT 1 FROM `+m+` p
+          WHERE p.part = o.part AND p.sink = o.sink AND p.key = o.key AND p.seq < o.seq
+            AND p.published_at IS NULL
+            AND (p.parked_at IS NOT NULL OR p.next_attempt_at > now())))
+    ORDER BY o.sink, o.key, o.seq
+    LIMIT $3) o
 ORDER BY o.part, o.sink, o.key, o.seq
-LIMIT $2`, parts, limit)
+LIMIT $2`, parts, limit, perPart)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: fetch: %w", err)
 	}
@@ -99,10 +111,10 @@ func (r *Relay) settle(ctx context.Context, outs []outcome, parts []int32, gens 
     park_reason     = CASE WHEN x.kind = 2 THEN x.err END
 FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[]) AS x(id, kind, err, delay_ms)
 WHERE o.id = x.id AND o.published_at IS NULL AND o.parked_at IS NULL
-  AND o.part IN (
+  AND o.part = ANY (ARRAY(
       SELECT l.part FROM `+r.t.leases+` l JOIN unnest($5::int[], $6::bigint[]) AS h(part, gen)
           ON l.part = h.part AND l.generation = h.gen
-      WHERE l.owner = $7)`, ids, kinds, errs, delays, parts, gens, r.owner)
+      WHERE l.owner = $7))`, ids, kinds, errs, delays, parts, gens, r.owner)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: settle: %w", err)
 	}
