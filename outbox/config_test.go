@@ -65,7 +65,7 @@ func TestOwnNames(t *testing.T) {
 		PollInterval: 10 * time.Minute, LeaseTTL: 30 * time.Minute,
 		onListen: func() { once.Do(func() { close(listening) }) }})
 	<-listening
-	sink.waitFor(t, 30*time.Second, "m1", hasIDs("m1"))
+	sink.waitFor(t, 2*time.Minute, "m1", hasIDs("m1"))
 	emit(t, db, o, msg("k", "m2")) // only NOTIFY can wake the relay in time
-	sink.waitFor(t, 30*time.Second, "m2", hasIDs("m2"))
+	sink.waitFor(t, 2*time.Minute, "m2", hasIDs("m2"))
 }

@@ -37,7 +37,7 @@ func TestRollbackEmitsNothing(t *testing.T) {
 		Message{Sink: "s", Value: []byte("no key")})
 	sink := newMemSink()
 	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": sink}})
-	got := sink.waitFor(t, 30*time.Second, "3 messages", func(m []Message) bool { return len(m) >= 3 })
+	got := sink.waitFor(t, 2*time.Minute, "3 messages", func(m []Message) bool { return len(m) >= 3 })
 	var sawRandom bool
 	for _, m := range got {
 		switch m.ID {

@@ -91,7 +91,7 @@ func TestHooksCountWhatWasPublished(t *testing.T) {
 		want = append(want, id)
 	}
 	emit(t, db, o, msgs...)
-	sink.waitFor(t, 30*time.Second, "the first messages", hasIDs(want...))
+	sink.waitFor(t, 2*time.Minute, "the first messages", hasIDs(want...))
 	// Polls are ten minutes apart: each emit's NOTIFY wakes the relay,
 	// until a wake-up finds the flaky message's backoff over.
 	for i := 0; !hasIDs("flaky")(sink.messages()); i++ {
@@ -101,9 +101,9 @@ func TestHooksCountWhatWasPublished(t *testing.T) {
 		id := fmt.Sprintf("nudge%d", i)
 		emit(t, db, o, msg("kn", id))
 		want = append(want, id)
-		sink.waitFor(t, 30*time.Second, id, hasIDs(id))
+		sink.waitFor(t, 2*time.Minute, id, hasIDs(id))
 	}
-	waitUntil(t, 30*time.Second, "the pass events", func() bool {
+	waitUntil(t, 2*time.Minute, "the pass events", func() bool {
 		p, _, parked, _ := h.totals()
 		return p == len(want)+1 && parked == 1
 	})
@@ -154,8 +154,8 @@ func TestHooksPollWake(t *testing.T) {
 	h := &recHook{}
 	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": sink}, Hooks: []RelayHook{h}, PollOnly: true, PollInterval: 20 * time.Millisecond})
 	emit(t, db, o, msg("k", "m1"))
-	sink.waitFor(t, 30*time.Second, "m1", hasIDs("m1"))
-	waitUntil(t, 30*time.Second, "poll wake-ups", func() bool {
+	sink.waitFor(t, 2*time.Minute, "m1", hasIDs("m1"))
+	waitUntil(t, 2*time.Minute, "poll wake-ups", func() bool {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		return h.wakes[WakePoll] > 0
@@ -181,7 +181,7 @@ func TestHooksBacklog(t *testing.T) {
 	h := &recHook{}
 	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": sink}, Hooks: []RelayHook{h},
 		MinBackoff: time.Hour, MaxBackoff: time.Hour, BacklogInterval: 10 * time.Millisecond})
-	waitUntil(t, 30*time.Second, "a backlog of the three retried rows", func() bool {
+	waitUntil(t, 2*time.Minute, "a backlog of the three retried rows", func() bool {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		parked := 0

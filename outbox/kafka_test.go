@@ -51,11 +51,11 @@ func TestKafkaSink(t *testing.T) {
 		"k":       kafkaSink(t, k, topic, 2000),
 		"missing": kafkaSink(t, k, kafkatest.Name("no-such-topic"), 0),
 	}})
-	waitRows(t, db, 30*time.Second, 2, `SELECT count(*) FROM effectively.outbox WHERE parked_at IS NOT NULL AND msg_id IN ('big1', 'm1')`)
+	waitRows(t, db, 2*time.Minute, 2, `SELECT count(*) FROM effectively.outbox WHERE parked_at IS NOT NULL AND msg_id IN ('big1', 'm1')`)
 
 	r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: k.Brokers(), Topic: topic, Partition: 0, MaxWait: kafkatest.MaxWait})
 	defer r.Close()
-	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	var got []kafkago.Message
 	for len(got) < 2 {

@@ -34,7 +34,7 @@ func TestLateCommitAndOpenTx(t *testing.T) {
 		t.Fatal(err)
 	}
 	emit(t, db, o, msg("b", "b1"))
-	sink.waitFor(t, 30*time.Second, "b1 while a's transaction is open", hasIDs("b1"))
+	sink.waitFor(t, 2*time.Minute, "b1 while a's transaction is open", hasIDs("b1"))
 
 	// A later emit to a waits for the open transaction's counter row.
 	later := make(chan error, 1)
@@ -42,7 +42,7 @@ func TestLateCommitAndOpenTx(t *testing.T) {
 		later <- pgxBegin(ctx, db, func(ctx context.Context, tx txLike) error { return o.Emit(ctx, tx, msg("a", "a2")) })
 	}()
 	emit(t, db, o, msg("b", "b2"))
-	sink.waitFor(t, 30*time.Second, "b2 while a is blocked", hasIDs("b2"))
+	sink.waitFor(t, 2*time.Minute, "b2 while a is blocked", hasIDs("b2"))
 	select {
 	case err := <-later:
 		t.Fatalf("an emit to a key held by an open transaction did not wait (err %v)", err)
@@ -59,7 +59,7 @@ func TestLateCommitAndOpenTx(t *testing.T) {
 	if err := <-later; err != nil {
 		t.Fatal(err)
 	}
-	got := sink.waitFor(t, 30*time.Second, "a1 and a2", hasIDs("a1", "a2"))
+	got := sink.waitFor(t, 2*time.Minute, "a1 and a2", hasIDs("a1", "a2"))
 	if o := firstOrder(got)["a"]; strings.Join(o, ",") != "a1,a2" {
 		t.Fatalf("key a published as %v, want a1,a2", o)
 	}
@@ -88,7 +88,7 @@ func TestCrashBetweenPublishAndMark(t *testing.T) {
 	waitRows(t, db, 5*time.Second, 3, `SELECT count(*) FROM effectively.outbox WHERE published_at IS NULL`)
 
 	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": sink}})
-	got := sink.waitFor(t, 30*time.Second, "the republish", func(m []Message) bool { return len(m) >= 6 })
+	got := sink.waitFor(t, 2*time.Minute, "the republish", func(m []Message) bool { return len(m) >= 6 })
 	count := map[string]int{}
 	for _, m := range got {
 		count[m.ID]++
@@ -115,7 +115,7 @@ func TestTwoRelaysKeepKeyOrder(t *testing.T) {
 	cfg2 := cfg
 	cfg2.Sinks = map[string]Sink{"s": &bySecond}
 	r2, second := startRelay(t, db, cfg2)
-	waitUntil(t, 30*time.Second, "both relays to hold partitions", func() bool {
+	waitUntil(t, 2*time.Minute, "both relays to hold partitions", func() bool {
 		p1, _ := first.held()
 		p2, _ := r2.held()
 		return len(p1) > 0 && len(p2) > 0
@@ -134,7 +134,7 @@ func TestTwoRelaysKeepKeyOrder(t *testing.T) {
 			}
 		}()
 	}
-	sink.waitFor(t, 30*time.Second, "both relays to publish", func([]Message) bool {
+	sink.waitFor(t, 2*time.Minute, "both relays to publish", func([]Message) bool {
 		return byFirst.n.Load() > 0 && bySecond.n.Load() > 0
 	})
 	if err := second.stop(); err != nil {
@@ -187,7 +187,7 @@ func TestFrozenRelay(t *testing.T) {
 	parts, gens := r1.held()
 	awake := newMemSink()
 	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": awake}, LeaseTTL: time.Second})
-	awake.waitFor(t, 30*time.Second, "the other relay to publish", hasIDs("m1", "m2"))
+	awake.waitFor(t, 2*time.Minute, "the other relay to publish", hasIDs("m1", "m2"))
 	close(thaw)
 	// Run returns only once the frozen pass is over.
 	if err := run1.stop(); err != nil {
@@ -206,7 +206,7 @@ func TestFrozenRelay(t *testing.T) {
 	if err != nil || n != 0 {
 		t.Fatalf("a settle under a lost lease changed %d rows (%v)", n, err)
 	}
-	awake.waitFor(t, 30*time.Second, "z1", hasIDs("z1"))
+	awake.waitFor(t, 2*time.Minute, "z1", hasIDs("z1"))
 }
 
 // TestParkHoldsBackItsKey: a message refused for good is parked with the
@@ -220,7 +220,7 @@ func TestParkHoldsBackItsKey(t *testing.T) {
 	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": sink}})
 	emit(t, db, o, msg("a", "a1"), msg("a", "a2"), msg("a", "a3"), msg("b", "b1"), msg("b", "b2"),
 		Message{Sink: "nowhere", Key: []byte("c"), ID: "c1"})
-	sink.waitFor(t, 30*time.Second, "a1, b1, b2", hasIDs("a1", "b1", "b2"))
+	sink.waitFor(t, 2*time.Minute, "a1, b1, b2", hasIDs("a1", "b1", "b2"))
 	waitRows(t, db, 10*time.Second, 2, `SELECT count(*) FROM effectively.outbox WHERE parked_at IS NOT NULL`)
 	parked, err := o.Parked(context.Background(), db, 10)
 	if err != nil || len(parked) != 2 {
@@ -244,7 +244,7 @@ func TestParkHoldsBackItsKey(t *testing.T) {
 	if n, err := o.Redrive(context.Background(), db, parked[0].Row); n != 1 || err != nil {
 		t.Fatalf("redrive: %d, %v", n, err)
 	}
-	got := sink.waitFor(t, 30*time.Second, "a2, a3", hasIDs("a2", "a3"))
+	got := sink.waitFor(t, 2*time.Minute, "a2, a3", hasIDs("a2", "a3"))
 	if o := firstOrder(got)["a"]; strings.Join(o, ",") != "a1,a2,a3" {
 		t.Fatalf("key a: %v", o)
 	}
@@ -266,8 +266,8 @@ func TestCleanup(t *testing.T) {
 	emit(t, db, o, append(msgs, msg("x", "p"))...)
 	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": sink}, Retention: time.Millisecond,
 		CleanupInterval: 50 * time.Millisecond, CleanupBatch: 10})
-	sink.waitFor(t, 30*time.Second, "25 messages", func(m []Message) bool { return len(m) >= 25 })
-	waitRows(t, db, 30*time.Second, 1, `SELECT count(*) FROM effectively.outbox`)
+	sink.waitFor(t, 2*time.Minute, "25 messages", func(m []Message) bool { return len(m) >= 25 })
+	waitRows(t, db, 2*time.Minute, 1, `SELECT count(*) FROM effectively.outbox`)
 	waitRows(t, db, time.Second, 1, `SELECT count(*) FROM effectively.outbox WHERE parked_at IS NOT NULL`)
 }
 

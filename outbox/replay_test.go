@@ -32,7 +32,7 @@ func TestReplayThroughPipeline(t *testing.T) {
 			Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 				return o.EmitFor(ctx, tx, m, Message{Sink: "s", Key: m.Key, Value: m.Value})
 			}})
-		consumertest.RunUntilIdle(t, c, b, 30*time.Second)
+		consumertest.RunUntilIdle(t, c, b, 2*time.Minute)
 	}
 	stageA("a", "ledger", "markers_a")
 	stageA("a-replay", "ledger", "markers_a_replay") // same scope, markers gone
@@ -40,7 +40,7 @@ func TestReplayThroughPipeline(t *testing.T) {
 
 	sink := newMemSink()
 	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": sink}})
-	got := sink.waitFor(t, 30*time.Second, "3 messages", func(m []Message) bool { return len(m) >= 3 })
+	got := sink.waitFor(t, 2*time.Minute, "3 messages", func(m []Message) bool { return len(m) >= 3 })
 	if got[0].ID != got[1].ID || got[2].ID == got[0].ID {
 		t.Fatalf("IDs %v: want the same-scope replay to repeat the first ID and the new scope to make another", ids(got))
 	}
@@ -59,7 +59,7 @@ func TestReplayThroughPipeline(t *testing.T) {
 	counter := &consumertest.Counter{}
 	c := consumertest.NewConsumer(t, db, next, consumer.Config{Name: "b", Strategy: strategy, Hooks: []consumer.Hook{counter},
 		Handler: func(context.Context, pgx.Tx, *consumer.Message) error { return nil }})
-	consumertest.RunUntilIdle(t, c, next, 30*time.Second)
+	consumertest.RunUntilIdle(t, c, next, 2*time.Minute)
 	if tot := counter.Total(); tot.Applied != 2 || tot.Duplicate != 1 {
 		t.Fatalf("next stage: %s; want 2 applied, 1 duplicate", tot)
 	}

@@ -29,7 +29,7 @@ func sqsSink(t *testing.T, c *awssqs.Client, url string) *SQSSink {
 // returns them in the order received.
 func receiveAll(t *testing.T, c *awssqs.Client, url string, n int) []types.Message {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var got []types.Message
 	for len(got) < n {
@@ -114,8 +114,8 @@ func TestSQSSink(t *testing.T) {
 		"f-space": "not a MessageGroupId",
 		"m1":      "",
 	}
-	waitRows(t, db, 30*time.Second, len(want), `SELECT count(*) FROM effectively.outbox WHERE parked_at IS NOT NULL`)
-	waitRows(t, db, 30*time.Second, 4, `SELECT count(*) FROM effectively.outbox WHERE published_at IS NOT NULL`)
+	waitRows(t, db, 2*time.Minute, len(want), `SELECT count(*) FROM effectively.outbox WHERE parked_at IS NOT NULL`)
+	waitRows(t, db, 2*time.Minute, 4, `SELECT count(*) FROM effectively.outbox WHERE published_at IS NOT NULL`)
 	parked, err := o.Parked(ctx, db, 20)
 	if err != nil || len(parked) != len(want) {
 		t.Fatalf("parked %+v %v", parked, err)

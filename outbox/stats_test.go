@@ -40,9 +40,9 @@ func TestStats(t *testing.T) {
 	sink := newMemSink()
 	sink.refuse["a2"] = Permanent(errors.New("too large"))
 	_, run := startRelay(t, db, RelayConfig{Owner: "r1", Sinks: map[string]Sink{"s": sink}})
-	sink.waitFor(t, 30*time.Second, "a1", hasIDs("a1"))
-	waitRows(t, db, 30*time.Second, 2, `SELECT count(*) FROM `+o.t.messages+` WHERE parked_at IS NOT NULL`)
-	waitUntil(t, 30*time.Second, "r1 to hold every partition", func() bool {
+	sink.waitFor(t, 2*time.Minute, "a1", hasIDs("a1"))
+	waitRows(t, db, 2*time.Minute, 2, `SELECT count(*) FROM `+o.t.messages+` WHERE parked_at IS NOT NULL`)
+	waitUntil(t, 2*time.Minute, "r1 to hold every partition", func() bool {
 		st, err = o.Stats(ctx, db)
 		return err == nil && st.Leases.Held == Partitions
 	})

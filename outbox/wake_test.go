@@ -17,9 +17,9 @@ func TestNotifyWakes(t *testing.T) {
 		onListen: func() { once.Do(func() { close(listening) }) }})
 	<-listening
 	emit(t, db, o, msg("k", "m1"))
-	sink.waitFor(t, 30*time.Second, "m1", hasIDs("m1"))
+	sink.waitFor(t, 2*time.Minute, "m1", hasIDs("m1"))
 	emit(t, db, o, msg("k", "m2"))
-	sink.waitFor(t, 30*time.Second, "m2", hasIDs("m2"))
+	sink.waitFor(t, 2*time.Minute, "m2", hasIDs("m2"))
 }
 
 // TestPollOnly: without LISTEN (as behind PgBouncer's transaction pooling)
@@ -30,5 +30,5 @@ func TestPollOnly(t *testing.T) {
 	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": sink}, PollOnly: true, PollInterval: 50 * time.Millisecond,
 		onListen: func() { t.Error("a poll-only relay listened") }})
 	emit(t, db, o, msg("k", "m1"))
-	sink.waitFor(t, 30*time.Second, "m1", hasIDs("m1"))
+	sink.waitFor(t, 2*time.Minute, "m1", hasIDs("m1"))
 }
