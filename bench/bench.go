@@ -200,23 +200,8 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`, ids, accounts, amou
 		if err != nil {
 			return 0, err
 		}
-		runCtx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		start := time.Now()
-		done := make(chan error, 1)
-		go func() { done <- c.Run(runCtx) }()
-		for !broker.Idle() {
-			select {
-			case err := <-done:
-				return 0, fmt.Errorf("consumer stopped early: %v", err)
-			case <-ctx.Done():
-				return 0, ctx.Err()
-			case <-time.After(200 * time.Microsecond):
-			}
-		}
-		elapsed := time.Since(start)
-		cancel()
-		if err := <-done; err != nil {
+		elapsed, err := runUntilIdle(ctx, c, broker)
+		if err != nil {
 			return 0, err
 		}
 		var rows int
@@ -228,4 +213,29 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`, ids, accounts, amou
 		}
 		return elapsed, nil
 	}
+}
+
+// runUntilIdle runs c until broker has delivered and settled everything,
+// and returns how long that took.
+func runUntilIdle(ctx context.Context, c *consumer.Consumer, broker *consumertest.Broker) (time.Duration, error) {
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	for !broker.Idle() {
+		select {
+		case err := <-done:
+			return 0, fmt.Errorf("consumer stopped early: %v", err)
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(200 * time.Microsecond):
+		}
+	}
+	elapsed := time.Since(start)
+	cancel()
+	if err := <-done; err != nil {
+		return 0, err
+	}
+	return elapsed, nil
 }

@@ -95,23 +95,8 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`, ids, accounts, amou
 		if err != nil {
 			return 0, err
 		}
-		runCtx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		start := time.Now()
-		done := make(chan error, 1)
-		go func() { done <- c.Run(runCtx) }()
-		for !broker.Idle() {
-			select {
-			case err := <-done:
-				return 0, fmt.Errorf("consumer stopped early: %v", err)
-			case <-ctx.Done():
-				return 0, ctx.Err()
-			case <-time.After(200 * time.Microsecond):
-			}
-		}
-		elapsed := time.Since(start)
-		cancel()
-		if err := <-done; err != nil {
+		elapsed, err := runUntilIdle(ctx, c, broker)
+		if err != nil {
 			return 0, err
 		}
 		var rows, emitted int
