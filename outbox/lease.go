@@ -121,12 +121,12 @@ func (r *Relay) held() ([]int32, []int64) {
 }
 
 // valid returns the deadline of the lease on part, and whether it is held
-// and not past it by the relay's clock.
-func (r *Relay) valid(part int32) (time.Time, bool) {
+// with generation gen and not past its deadline by the relay's clock.
+func (r *Relay) valid(part int32, gen int64) (time.Time, bool) {
 	r.mu.Lock()
 	l, ok := r.leases[part]
 	r.mu.Unlock()
-	return l.deadline, ok && r.now().Before(l.deadline)
+	return l.deadline, ok && l.gen == gen && r.now().Before(l.deadline)
 }
 
 // release gives partitions back, free at once.

@@ -8,36 +8,116 @@ import (
 	"time"
 )
 
-// pass reads one batch of publishable rows of the partitions held, publishes
-// them sink by sink and writes back what became of each. It returns how
-// many rows it read.
-func (r *Relay) pass(ctx context.Context) (_ int, err error) {
-	parts, gens := r.held()
-	if len(parts) == 0 {
-		return 0, nil
+// batch is a set of rows on their way through a pass: read, published,
+// marked.
+type batch struct {
+	rows  []row // as read
+	parts []int32
+	gens  []int64
+	more  bool // the fetch left rows behind
+	outs  []outcome
+	st    *PassStats
+	start time.Time
+}
+
+func (b *batch) empty() bool { return len(b.rows) == 0 }
+
+// pass publishes one batch and returns how many rows it read and whether
+// more may be waiting. The relay works as a pipeline of two batches: while
+// one is published, the one before is marked and the next is read, on
+// another connection, so a pass costs the longer of the publish and the
+// database's work, not their sum.
+//
+// Order holds across the overlap. The next batch is read after the one
+// before is marked, so its snapshot sees every row that batch parked or
+// put off; it excludes the rows being published; and before it is
+// published, every key a row of the batch before it did not publish (a
+// failure, a row held behind one, a lease past its deadline) is dropped
+// from it. Those rows keep no outcome and are read again behind it.
+func (r *Relay) pass(ctx context.Context) (read int, more bool, err error) {
+	cur := r.ahead
+	r.ahead = batch{}
+	if cur.empty() {
+		// Nothing read ahead: mark what is published first, so that the
+		// read sees it.
+		if err := r.mark(ctx); err != nil {
+			return 0, false, err
+		}
+		if cur, err = r.read(ctx, nil); err != nil || cur.empty() {
+			return 0, false, err
+		}
 	}
-	start := time.Now()
-	rows, err := r.fetch(ctx, parts, r.cfg.BatchSize)
-	if err != nil || len(rows) == 0 {
-		return 0, err
-	}
-	var st *PassStats
 	if len(r.hooks.pass) > 0 {
-		st = &PassStats{Owner: r.owner, Read: len(rows)}
-		defer func() {
-			st.Err, st.Total = err, time.Since(start)
-			r.passDone(ctx, st)
-		}()
+		cur.st = &PassStats{Owner: r.owner, Read: len(cur.rows)}
 	}
 	if r.cfg.beforeCheck != nil {
 		r.cfg.beforeCheck()
 	}
-	// Only rows whose lease is still good by this relay's clock go out,
-	// and the publish may not outlast the earliest of their leases.
+
+	type published struct{ outs []outcome }
+	done := make(chan published, 1)
+	live, deadline := r.live(&cur)
+	if len(live) > 0 {
+		go func() {
+			pctx, cancel := context.WithDeadline(ctx, deadline)
+			defer cancel()
+			done <- published{r.publishAll(pctx, live, cur.st)}
+		}()
+	} else {
+		done <- published{}
+	}
+
+	// Meanwhile: mark the batch before, then read the next one.
+	err = r.mark(ctx)
+	var next batch
+	if err == nil && cur.more && ctx.Err() == nil {
+		inflight := make([]int64, len(cur.rows))
+		for i, x := range cur.rows {
+			inflight[i] = x.id
+		}
+		next, err = r.read(ctx, inflight)
+	}
+	cur.outs = (<-done).outs
+	if r.cfg.afterPublish != nil && len(live) > 0 {
+		if herr := r.cfg.afterPublish(live); herr != nil {
+			return 0, false, herr
+		}
+	}
+	r.pipe = cur
+	if err != nil {
+		return len(cur.rows), false, err
+	}
+	if next.empty() || ctx.Err() != nil {
+		// No batch follows to overlap with: mark this one now.
+		return len(cur.rows), cur.more, r.mark(ctx)
+	}
+	r.ahead = dropFailedKeys(next, cur)
+	return len(cur.rows), true, nil
+}
+
+// read fetches a batch of the partitions held now.
+func (r *Relay) read(ctx context.Context, inflight []int64) (batch, error) {
+	parts, gens := r.held()
+	if len(parts) == 0 {
+		return batch{}, nil
+	}
+	start := time.Now()
+	rows, more, err := r.fetch(ctx, parts, r.cfg.BatchSize, inflight)
+	return batch{rows: rows, parts: parts, gens: gens, more: more, start: start}, err
+}
+
+// live returns the rows of b whose lease is still the one they were read
+// under and not past its deadline by this relay's clock, and the earliest
+// of those deadlines: the publish may not outlast it.
+func (r *Relay) live(b *batch) ([]row, time.Time) {
+	gens := make(map[int32]int64, len(b.parts))
+	for i, p := range b.parts {
+		gens[p] = b.gens[i]
+	}
 	var deadline time.Time
-	live := rows[:0:0]
-	for _, x := range rows {
-		d, ok := r.valid(x.part)
+	live := make([]row, 0, len(b.rows))
+	for _, x := range b.rows {
+		d, ok := r.valid(x.part, gens[x.part])
 		if !ok {
 			continue
 		}
@@ -46,19 +126,18 @@ func (r *Relay) pass(ctx context.Context) (_ int, err error) {
 		}
 		live = append(live, x)
 	}
-	if st != nil {
-		st.Expired = len(rows) - len(live)
+	if b.st != nil {
+		b.st.Expired = len(b.rows) - len(live)
 	}
-	if len(live) == 0 {
-		return len(rows), nil
-	}
-	pctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
+	return live, deadline
+}
 
+// publishAll publishes rows sink by sink and returns their outcomes.
+func (r *Relay) publishAll(ctx context.Context, rows []row, st *PassStats) []outcome {
 	var outs []outcome
 	bySink := map[string][]row{}
 	var order []string
-	for _, x := range live {
+	for _, x := range rows {
 		if _, ok := bySink[x.msg.Sink]; !ok {
 			order = append(order, x.msg.Sink)
 		}
@@ -66,32 +145,73 @@ func (r *Relay) pass(ctx context.Context) (_ int, err error) {
 	}
 	for _, name := range order {
 		t0 := time.Now()
-		o := r.publish(pctx, name, bySink[name])
+		o := r.publish(ctx, name, bySink[name])
 		if st != nil {
 			st.Sinks = append(st.Sinks, r.sinkPass(name, bySink[name], o, time.Since(t0)))
 		}
 		outs = append(outs, o...)
 	}
-	if r.cfg.afterPublish != nil {
-		if err := r.cfg.afterPublish(live); err != nil {
-			return 0, err
+	return outs
+}
+
+// mark writes back the outcomes of the batch published and not yet
+// marked, and reports its pass to the hooks. It marks even when ctx is
+// done: what was published should not be again.
+func (r *Relay) mark(ctx context.Context) (err error) {
+	b := r.pipe
+	if b.empty() {
+		return nil
+	}
+	r.pipe = batch{}
+	if b.st != nil {
+		defer func() {
+			b.st.Err, b.st.Total = err, time.Since(b.start)
+			r.passDone(ctx, b.st)
+		}()
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
+	defer cancel()
+	n, err := r.settle(sctx, b.outs, b.parts, b.gens)
+	if err != nil {
+		return err
+	}
+	if b.st != nil {
+		b.st.Marked = n
+	}
+	if n < int64(len(b.outs)) {
+		r.log.Warn("outbox: lease lost before marking; another relay publishes these again",
+			"owner", r.owner, "rows", len(b.outs), "marked", n)
+	}
+	return nil
+}
+
+// dropFailedKeys removes from next the rows of every key that had a row in
+// prev without a published outcome, so that none of them overtakes it.
+func dropFailedKeys(next, prev batch) batch {
+	published := make(map[int64]bool, len(prev.outs))
+	for _, o := range prev.outs {
+		if o.kind == outPublished {
+			published[o.id] = true
 		}
 	}
-	// Mark even when ctx is done: what was published should not be again.
-	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
-	defer scancel()
-	n, err := r.settle(sctx, outs, parts, gens)
-	if err != nil {
-		return 0, err
+	failed := map[string]bool{}
+	for _, x := range prev.rows {
+		if x.msg.Key != nil && !published[x.id] {
+			failed[x.msg.Sink+"\x00"+string(x.msg.Key)] = true
+		}
 	}
-	if st != nil {
-		st.Marked = n
+	if len(failed) == 0 {
+		return next
 	}
-	if n < int64(len(outs)) {
-		r.log.Warn("outbox: lease lost before marking; another relay publishes these again",
-			"owner", r.owner, "rows", len(outs), "marked", n)
+	kept := next.rows[:0]
+	for _, x := range next.rows {
+		if x.msg.Key == nil || !failed[x.msg.Sink+"\x00"+string(x.msg.Key)] {
+			kept = append(kept, x)
+		}
 	}
-	return len(rows), nil
+	next.rows = kept
+	next.more = true
+	return next
 }
 
 // sinkPass counts what became of one sink's rows in a pass and, for the

@@ -29,6 +29,10 @@ const (
 	DefaultBacklogInterval = 15 * time.Second
 )
 
+// DeleteOnPublish, as RelayConfig.Retention, keeps no published row: the
+// relay deletes each as it marks it published.
+const DeleteOnPublish time.Duration = -1
+
 // RelayConfig configures a Relay.
 type RelayConfig struct {
 	// Schema and Table name the outbox, as in Config. Default to
@@ -63,7 +67,10 @@ type RelayConfig struct {
 	// Default to DefaultMinBackoff and DefaultMaxBackoff.
 	MinBackoff, MaxBackoff time.Duration
 	// Retention is how long published rows are kept before the cleanup
-	// deletes them. Defaults to DefaultRetention.
+	// deletes them. Defaults to DefaultRetention. DeleteOnPublish deletes
+	// each row as its publish is marked: the relay's cheapest setting (a
+	// delete writes less than the update that keeps the row), for outboxes
+	// whose published rows nobody reads.
 	Retention time.Duration
 	// CleanupInterval is how often the cleanup runs. Defaults to Retention
 	// / 10, at most an hour.
@@ -126,7 +133,7 @@ func (c *RelayConfig) defaults() error {
 	set(&c.MinBackoff, DefaultMinBackoff)
 	set(&c.MaxBackoff, DefaultMaxBackoff)
 	set(&c.Retention, DefaultRetention)
-	set(&c.CleanupInterval, min(c.Retention/10, time.Hour))
+	set(&c.CleanupInterval, min(max(c.Retention/10, time.Minute), time.Hour))
 	set(&c.BacklogInterval, DefaultBacklogInterval)
 	if c.CleanupBatch == 0 {
 		c.CleanupBatch = DefaultCleanupBatch
@@ -138,7 +145,7 @@ func (c *RelayConfig) defaults() error {
 		c.now = time.Now
 	}
 	switch {
-	case c.BatchSize < 0, c.CleanupBatch < 0, c.PollInterval < 0, c.Retention < 0, c.CleanupInterval <= 0, c.BacklogInterval < 0:
+	case c.BatchSize < 0, c.CleanupBatch < 0, c.PollInterval < 0, c.Retention < 0 && c.Retention != DeleteOnPublish, c.CleanupInterval <= 0, c.BacklogInterval < 0:
 		return errors.New("outbox: RelayConfig has a negative size or duration")
 	case c.LeaseMargin < 0 || c.LeaseMargin >= c.LeaseTTL:
 		return errors.New("outbox: RelayConfig.LeaseMargin must be at least 0 and less than LeaseTTL")
@@ -161,6 +168,12 @@ type Relay struct {
 
 	mu     sync.Mutex
 	leases map[int32]lease
+
+	// Owned by the goroutine running Run.
+	turn    int   // where the next fetch starts among the partitions
+	perPart int   // the most rows a fetch reads of one partition
+	pipe    batch // the batch published and not yet marked, if any
+	ahead   batch // the batch read ahead, not yet published, if any
 }
 
 // NewRelay returns a Relay over db, which should be a pool: the relay
@@ -227,7 +240,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			nextBacklog = time.Now().Add(r.cfg.BacklogInterval)
 		}
-		n, err := r.pass(ctx)
+		_, more, err := r.pass(ctx)
 		if errors.Is(err, errCrash) {
 			return err
 		}
@@ -239,8 +252,8 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		}
 		failures = 0
-		if n >= r.cfg.BatchSize {
-			continue // more is waiting
+		if more {
+			continue
 		}
 		r.wait(ctx, wake, poll, min(r.cfg.PollInterval, time.Until(nextLease)))
 	}
@@ -262,6 +275,10 @@ func (r *Relay) wait(ctx context.Context, wake <-chan struct{}, t *time.Timer, d
 func (r *Relay) shutdown() error {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.LeaseTTL)
 	defer cancel()
+	r.ahead = batch{}
+	if err := r.mark(ctx); err != nil {
+		r.log.Warn("outbox: shutdown", "err", err)
+	}
 	parts, gens := r.held()
 	if err := r.release(ctx, parts, gens); err != nil {
 		r.log.Warn("outbox: shutdown", "err", err)

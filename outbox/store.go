@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -17,60 +18,99 @@ type row struct {
 }
 
 // fetch reads up to limit publishable rows of parts: unpublished, not
-// parked, not waiting for a retry, and with no such row before them in
-// their key. They come per key in seq order, and each key's rows are a
-// prefix of its unpublished ones, so publishing them in that order keeps
-// commit order.
+// parked, not waiting for a retry, not among the in-flight ids (published
+// by the pass under way, not yet marked), and with no such parked or
+// waiting row before them in their key. They come per key in seq order,
+// and each key's rows are a prefix of its publishable ones, so publishing
+// them in that order keeps commit order. more reports that a partition
+// may hold more than was returned.
 //
 // The statement's snapshot is the read position: a row whose transaction
 // commits later is read by a later fetch, and a transaction still open
 // holds back only the keys it emitted to (their counter rows are locked, so
 // no later row of those keys can be committed before it).
-func (r *Relay) fetch(ctx context.Context, parts []int32, limit int) ([]row, error) {
+func (r *Relay) fetch(ctx context.Context, parts []int32, limit int, inflight []int64) (_ []row, more bool, _ error) {
 	m := r.t.messages
 	// Each partition is read through its own index range, at most perPart
 	// rows of it, so a pass costs the rows it may publish, not the whole
-	// backlog. perPart rows are a prefix per key of each partition's
-	// eligible rows, and the outer order truncates them by the same order,
-	// so each key's rows stay a prefix of its unpublished ones.
-	perPart := limit
-	if len(parts) > 1 {
-		perPart = max(2*limit/len(parts), min(limit, 64))
-	}
+	// backlog. The partitions are read from a starting point that turns
+	// with every fetch, so that when the rows are cut at limit no
+	// partition always comes last. Cutting keeps each key's rows a prefix.
+	perPart := r.share(len(parts), limit)
+	first := r.turn % len(parts)
+	r.turn++
+	order := append(slices.Clone(parts[first:]), parts[:first]...)
 	rows, err := r.db.Query(ctx, `SELECT o.id, o.part, o.sink, o.key, o.seq, o.msg_id, o.value, o.headers, o.attempts, o.created_at
-FROM unnest($1::int[]) AS q(part), LATERAL (
+FROM unnest($1::int[]) WITH ORDINALITY AS q(part, ord), LATERAL (
     SELECT * FROM `+m+` o
     WHERE o.part = q.part AND o.published_at IS NULL AND o.parked_at IS NULL
       AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+      AND o.id NOT IN (SELECT unnest($3::bigint[]))
       AND (o.seq = 0 OR NOT EXISTS (
           SELECT 1 FROM `+m+` p
           WHERE p.part = o.part AND p.sink = o.sink AND p.key = o.key AND p.seq < o.seq
             AND p.published_at IS NULL
+            AND (p.parked_at IS NOT NULL OR p.next_attempt_at IS NOT NULL)
             AND (p.parked_at IS NOT NULL OR p.next_attempt_at > now())))
     ORDER BY o.sink, o.key, o.seq
-    LIMIT $3) o
-ORDER BY o.part, o.sink, o.key, o.seq
-LIMIT $2`, parts, limit, perPart)
+    LIMIT $2) o
+ORDER BY q.ord, o.sink, o.key, o.seq`, order, perPart, inflight)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: fetch: %w", err)
+		return nil, false, fmt.Errorf("outbox: fetch: %w", err)
 	}
 	defer rows.Close()
 	var out []row
+	perCount := map[int32]int{}
 	for rows.Next() {
 		var x row
 		var headers []byte
 		if err := rows.Scan(&x.id, &x.part, &x.msg.Sink, &x.msg.Key, &x.seq, &x.msg.ID, &x.msg.Value, &headers, &x.attempts, &x.created); err != nil {
-			return nil, fmt.Errorf("outbox: fetch: %w", err)
+			return nil, false, fmt.Errorf("outbox: fetch: %w", err)
 		}
 		if x.msg.Headers, err = decodeHeaders(headers); err != nil {
-			return nil, fmt.Errorf("outbox: fetch row %d: %w", x.id, err)
+			return nil, false, fmt.Errorf("outbox: fetch row %d: %w", x.id, err)
 		}
+		perCount[x.part]++
 		out = append(out, x)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("outbox: fetch: %w", err)
+		return nil, false, fmt.Errorf("outbox: fetch: %w", err)
 	}
-	return out, nil
+	capped := 0
+	for _, n := range perCount {
+		if n >= perPart {
+			capped++
+		}
+	}
+	r.adjustShare(len(parts), limit, len(out), capped)
+	if len(out) > limit {
+		out, more = out[:limit], true
+	}
+	return out, more || capped > 0, nil
+}
+
+// share is how many rows fetch reads of each partition at most: its even
+// share of limit to begin with, more once the work sits in fewer
+// partitions (adjustShare).
+func (r *Relay) share(parts, limit int) int {
+	even := (limit + parts - 1) / max(parts, 1)
+	if r.perPart < even {
+		r.perPart = even
+	}
+	return min(r.perPart, limit)
+}
+
+// adjustShare doubles the per-partition share when a fetch came back short
+// of limit while some partitions had more, and shrinks it back when a
+// fetch read much more than limit, so that a backlog in a few partitions
+// still fills a batch and an even one is not read several times over.
+func (r *Relay) adjustShare(parts, limit, read, capped int) {
+	switch {
+	case read < limit && capped > 0:
+		r.perPart = min(2*r.perPart, limit)
+	case read > limit+limit/2:
+		r.perPart = max(r.perPart*2/3, (limit+parts-1)/max(parts, 1))
+	}
 }
 
 // Outcomes a relay writes back for a row.
@@ -90,40 +130,71 @@ type outcome struct {
 
 // settle writes the outcomes in one statement, fenced: only rows of
 // partitions this relay still holds with the generation it read them
-// under are changed. It returns how many were.
+// under are changed. It returns how many were. Published rows are marked,
+// or deleted under DeleteOnPublish; the others are put off or parked.
+//
+// Each part of the statement finds its rows by primary key (= ANY), and
+// the lease check is a filter the planner cannot turn into an index
+// condition: as "o.part = ANY (…)" it was matched through the partitions'
+// index, a scan of their whole backlog on every pass, and a join of the
+// outcomes' unnest with the table turned into a scan of it once the plan
+// went generic.
 func (r *Relay) settle(ctx context.Context, outs []outcome, parts []int32, gens []int64) (int64, error) {
 	if len(outs) == 0 {
 		return 0, nil
 	}
-	ids := make([]int64, len(outs))
-	kinds := make([]int32, len(outs))
-	errs := make([]string, len(outs))
-	delays := make([]int64, len(outs))
-	for i, o := range outs {
-		ids[i], kinds[i], errs[i], delays[i] = o.id, o.kind, o.err, o.delay.Milliseconds()
+	var pub, fail []int64
+	var kinds []int32
+	var errs []string
+	var delays []int64
+	for _, o := range outs {
+		if o.kind == outPublished {
+			pub = append(pub, o.id)
+			continue
+		}
+		fail, kinds, errs, delays = append(fail, o.id), append(kinds, o.kind), append(errs, o.err), append(delays, o.delay.Milliseconds())
 	}
-	tag, err := r.db.Exec(ctx, `UPDATE `+r.t.messages+` o SET
-    published_at    = CASE WHEN x.kind = 0 THEN now() END,
-    attempts        = o.attempts + CASE WHEN x.kind = 0 THEN 0 ELSE 1 END,
-    last_error      = CASE WHEN x.kind = 0 THEN o.last_error ELSE x.err END,
-    next_attempt_at = CASE WHEN x.kind = 1 THEN now() + x.delay_ms * interval '1 millisecond' END,
-    parked_at       = CASE WHEN x.kind = 2 THEN now() END,
-    park_reason     = CASE WHEN x.kind = 2 THEN x.err END
-FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[]) AS x(id, kind, err, delay_ms)
-WHERE o.id = x.id AND o.published_at IS NULL AND o.parked_at IS NULL
-  AND o.part = ANY (ARRAY(
-      SELECT l.part FROM `+r.t.leases+` l JOIN unnest($5::int[], $6::bigint[]) AS h(part, gen)
-          ON l.part = h.part AND l.generation = h.gen
-      WHERE l.owner = $7))`, ids, kinds, errs, delays, parts, gens, r.owner)
+	done := `UPDATE ` + r.t.messages + ` o SET published_at = now(), next_attempt_at = NULL`
+	if r.cfg.Retention == DeleteOnPublish {
+		done = `DELETE FROM ` + r.t.messages + ` o`
+	}
+	var n int64
+	err := r.db.QueryRow(ctx, `WITH held AS MATERIALIZED (
+    SELECT ARRAY(
+        SELECT l.part FROM `+r.t.leases+` l JOIN unnest($6::int[], $7::bigint[]) AS h(part, gen)
+            ON l.part = h.part AND l.generation = h.gen
+        WHERE l.owner = $8) AS parts
+), published AS (
+    `+done+`
+    WHERE o.id = ANY ($1::bigint[]) AND o.published_at IS NULL AND o.parked_at IS NULL
+      AND array_position((SELECT parts FROM held), o.part) IS NOT NULL
+    RETURNING 1
+), failed AS (
+    UPDATE `+r.t.messages+` o SET
+        attempts        = o.attempts + 1,
+        last_error      = x.err,
+        next_attempt_at = CASE WHEN x.kind = 1 THEN now() + x.delay_ms * interval '1 millisecond' END,
+        parked_at       = CASE WHEN x.kind = 2 THEN now() END,
+        park_reason     = CASE WHEN x.kind = 2 THEN x.err END
+    FROM unnest($2::bigint[], $3::int[], $4::text[], $5::bigint[]) AS x(id, kind, err, delay_ms)
+    WHERE o.id = x.id AND o.id = ANY ($2) AND o.published_at IS NULL AND o.parked_at IS NULL
+      AND array_position((SELECT parts FROM held), o.part) IS NOT NULL
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM published) + (SELECT count(*) FROM failed)`,
+		pub, fail, kinds, errs, delays, parts, gens, r.owner).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: settle: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
 }
 
 // cleanup deletes rows of parts published longer than the retention ago,
 // in batches of at most CleanupBatch rows, and returns how many it deleted.
 func (r *Relay) cleanup(ctx context.Context, parts []int32) (int64, error) {
+	if r.cfg.Retention == DeleteOnPublish {
+		return 0, nil
+	}
 	var total int64
 	for {
 		tag, err := r.db.Exec(ctx, `DELETE FROM `+r.t.messages+` WHERE id IN (

@@ -1,0 +1,108 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestReadAheadKeepsOrder: the relay reads its next batch while it
+// publishes the current one, so that batch holds later rows of keys whose
+// current rows may fail. Keys spread over many small batches, with
+// transient failures and one refusal for good: each key's first deliveries
+// are in commit order, and nothing of the refused key passes it.
+func TestReadAheadKeepsOrder(t *testing.T) {
+	db, o := setup(t, Config{})
+	sink := newMemSink()
+	const keys, perKey = 4, 40
+	var all []Message
+	for i := range perKey {
+		for k := range keys {
+			id := fmt.Sprintf("k%d-%02d", k, i)
+			all = append(all, msg(fmt.Sprint("k", k), id))
+			if i%7 == 3 {
+				sink.failTimes[id] = 1 + i%2
+			}
+		}
+	}
+	sink.refuse["k3-25"] = Permanent(errors.New("too large"))
+	emit(t, db, o, all...)
+	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": sink}, BatchSize: 5})
+	waitRows(t, db, 2*time.Minute, 1, `SELECT count(*) FROM effectively.outbox WHERE parked_at IS NOT NULL`)
+	waitRows(t, db, 2*time.Minute, 0, `SELECT count(*) FROM effectively.outbox WHERE published_at IS NULL AND parked_at IS NULL AND key <> 'k3'`)
+	got := firstOrder(sink.messages())
+	for k := range keys {
+		var want []string
+		for i := range perKey {
+			if k == 3 && i == 25 {
+				break
+			}
+			want = append(want, fmt.Sprintf("k%d-%02d", k, i))
+		}
+		if g := strings.Join(got[fmt.Sprint("k", k)], ","); g != strings.Join(want, ",") {
+			t.Fatalf("key k%d: first deliveries\n%s\nwant commit order\n%s", k, g, strings.Join(want, ","))
+		}
+	}
+}
+
+// TestDeleteOnPublish: with Retention DeleteOnPublish a published row is
+// deleted as it is marked; one put off or parked stays until it is
+// published, redriven or purged.
+func TestDeleteOnPublish(t *testing.T) {
+	db, o := setup(t, Config{})
+	sink := newMemSink()
+	sink.failTimes["a2"] = 2
+	sink.refuse["b1"] = Permanent(errors.New("too large"))
+	emit(t, db, o, msg("a", "a1"), msg("a", "a2"), msg("a", "a3"), msg("b", "b1"), msg("b", "b2"), msg("c", "c1"))
+	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": sink}, Retention: DeleteOnPublish})
+	sink.waitFor(t, 2*time.Minute, "a1, a2, a3, c1", hasIDs("a1", "a2", "a3", "c1"))
+	waitRows(t, db, 2*time.Minute, 2, `SELECT count(*) FROM effectively.outbox`)
+	parked, err := o.Parked(context.Background(), db, 10)
+	if err != nil || len(parked) != 1 || parked[0].Message.ID != "b1" {
+		t.Fatalf("parked %+v, %v", parked, err)
+	}
+	if got := firstOrder(sink.messages())["a"]; strings.Join(got, ",") != "a1,a2,a3" {
+		t.Fatalf("key a: %v", got)
+	}
+	sink.mu.Lock()
+	delete(sink.refuse, "b1")
+	sink.mu.Unlock()
+	if n, err := o.Redrive(context.Background(), db, parked[0].Row); n != 1 || err != nil {
+		t.Fatalf("redrive: %d, %v", n, err)
+	}
+	sink.waitFor(t, 2*time.Minute, "b1, b2", hasIDs("b1", "b2"))
+	waitRows(t, db, 2*time.Minute, 0, `SELECT count(*) FROM effectively.outbox`)
+}
+
+// TestHotPartitionFillsBatches: a backlog on one key, so in one of the 64
+// partitions, still fills whole batches: a fetch starts at an even share
+// per partition and widens it while partitions have more than it read.
+func TestHotPartitionFillsBatches(t *testing.T) {
+	db, o := setup(t, Config{})
+	var all []Message
+	for i := range 600 {
+		all = append(all, msg("hot", fmt.Sprint("h", i)))
+	}
+	emit(t, db, o, all...)
+	reads := make(chan int, 1000)
+	sink := newMemSink()
+	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": sink}, BatchSize: 100,
+		Hooks: []RelayHook{passFunc(func(s *PassStats) { reads <- s.Read })}})
+	sink.waitFor(t, 2*time.Minute, "600 messages", func(m []Message) bool { return len(m) >= 600 })
+	full := 0
+	for len(reads) > 0 {
+		if <-reads == 100 {
+			full++
+		}
+	}
+	if full < 2 {
+		t.Fatalf("%d passes of 100 rows for a backlog of 600 on one key", full)
+	}
+}
+
+type passFunc func(*PassStats)
+
+func (f passFunc) PassDone(_ context.Context, s *PassStats) { f(s) }
