@@ -127,9 +127,10 @@ func KafkaWriter(k *kafkatest.Cluster, topic string) *kafkago.Writer {
 		BatchTimeout: kafkatest.BatchTimeout, BatchSize: 1000, BatchBytes: 16 << 20, RequiredAcks: kafkago.RequireAll}
 }
 
-// RelayThroughput emits n messages (untimed), then times one relay
-// publishing them all to topic, until none is left unpublished.
-func RelayThroughput(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, k *kafkatest.Cluster, topic string, n int) (time.Duration, error) {
+// RelayThroughput emits n messages (untimed), then times one relay with
+// the given RelayConfig.Retention publishing them all to topic, until none
+// is left unpublished.
+func RelayThroughput(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, k *kafkatest.Cluster, topic string, n int, retention time.Duration) (time.Duration, error) {
 	msgs := outboxMessages(n)
 	for lo := 0; lo < n; lo += 1000 {
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ob.Emit(ctx, tx, msgs[lo:min(lo+1000, n)]...) })
@@ -143,7 +144,7 @@ func RelayThroughput(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox,
 	if err != nil {
 		return 0, err
 	}
-	r, err := outbox.NewRelay(pool, outbox.RelayConfig{Sinks: map[string]outbox.Sink{OutboxSink: sink}, BatchSize: 1000, PollInterval: 20 * time.Millisecond})
+	r, err := outbox.NewRelay(pool, outbox.RelayConfig{Sinks: map[string]outbox.Sink{OutboxSink: sink}, BatchSize: 1000, PollInterval: 20 * time.Millisecond, Retention: retention})
 	if err != nil {
 		return 0, err
 	}

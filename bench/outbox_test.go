@@ -3,9 +3,11 @@ package bench_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/effectively-once/effectively/bench"
 	"github.com/effectively-once/effectively/internal/kafkatest"
+	"github.com/effectively-once/effectively/outbox"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -29,8 +31,13 @@ func TestOutboxBenchmarks(t *testing.T) {
 	if err := bench.ResetOutbox(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := bench.RelayThroughput(ctx, pool, ob, k, topic, 2000); err != nil {
-		t.Fatal(err)
+	for _, retention := range []time.Duration{0, outbox.DeleteOnPublish} {
+		if err := bench.ResetOutbox(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := bench.RelayThroughput(ctx, pool, ob, k, topic, 2000, retention); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := bench.WriterThroughput(ctx, k, topic, 2000); err != nil {
 		t.Fatal(err)

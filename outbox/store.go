@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // row is one outbox row a relay read.
@@ -36,6 +38,12 @@ func (r *Relay) fetch(ctx context.Context, parts []int32, limit int, inflight []
 	// backlog. The partitions are read from a starting point that turns
 	// with every fetch, so that when the rows are cut at limit no
 	// partition always comes last. Cutting keeps each key's rows a prefix.
+	//
+	// The statement is planned on every call (QueryExecModeExec), with its
+	// arguments and the table as it is then: a plan cached while the table
+	// was empty (a prepared statement's generic plan, after five runs) scans
+	// the whole table for every row it returns once a backlog builds, and a
+	// fetch takes minutes.
 	perPart := r.share(len(parts), limit)
 	first := r.turn % len(parts)
 	r.turn++
@@ -54,7 +62,7 @@ FROM unnest($1::int[]) WITH ORDINALITY AS q(part, ord), LATERAL (
             AND (p.parked_at IS NOT NULL OR p.next_attempt_at > now())))
     ORDER BY o.sink, o.key, o.seq
     LIMIT $2) o
-ORDER BY q.ord, o.sink, o.key, o.seq`, order, perPart, inflight)
+ORDER BY q.ord, o.sink, o.key, o.seq`, pgx.QueryExecModeExec, order, perPart, inflight)
 	if err != nil {
 		return nil, false, fmt.Errorf("outbox: fetch: %w", err)
 	}
@@ -138,7 +146,7 @@ type outcome struct {
 // condition: as "o.part = ANY (…)" it was matched through the partitions'
 // index, a scan of their whole backlog on every pass, and a join of the
 // outcomes' unnest with the table turned into a scan of it once the plan
-// went generic.
+// went generic. It is planned on every call, as fetch is.
 func (r *Relay) settle(ctx context.Context, outs []outcome, parts []int32, gens []int64) (int64, error) {
 	if len(outs) == 0 {
 		return 0, nil
@@ -182,7 +190,7 @@ func (r *Relay) settle(ctx context.Context, outs []outcome, parts []int32, gens 
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM published) + (SELECT count(*) FROM failed)`,
-		pub, fail, kinds, errs, delays, parts, gens, r.owner).Scan(&n)
+		pgx.QueryExecModeExec, pub, fail, kinds, errs, delays, parts, gens, r.owner).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: settle: %w", err)
 	}
@@ -200,7 +208,7 @@ func (r *Relay) cleanup(ctx context.Context, parts []int32) (int64, error) {
 		tag, err := r.db.Exec(ctx, `DELETE FROM `+r.t.messages+` WHERE id IN (
     SELECT id FROM `+r.t.messages+`
     WHERE part = ANY($1) AND published_at < now() - $2::interval
-    LIMIT $3)`, parts, r.cfg.Retention, r.cfg.CleanupBatch)
+    LIMIT $3)`, pgx.QueryExecModeExec, parts, r.cfg.Retention, r.cfg.CleanupBatch)
 		if err != nil {
 			return total, fmt.Errorf("outbox: cleanup: %w", err)
 		}
