@@ -4,7 +4,7 @@
 // each leaves in the ledger.
 //
 // The workload: N logical transfers, each a short JSON payload with a unique
-// id; one in every DupEvery is produced a second time, DupLag records later,
+// id; one in every DupEvery is produced a second time, DupLag messages later,
 // as a producer that retried a send does. Records are produced with
 // franz-go's kgo (a producer this library's authors did not write), keyed by
 // the transfer id, with the id also in the "idempotency-key" header. Every

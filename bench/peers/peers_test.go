@@ -99,3 +99,30 @@ func TestTable(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkloadOrder checks the produced sequence: every message once, every
+// DupEvery-th a second time, DupLag messages after its original.
+func TestWorkloadOrder(t *testing.T) {
+	w := Workload{Messages: 1000, DupEvery: 20, DupLag: 100}
+	order := w.order()
+	if len(order) != w.Records() || w.Records() != 1050 {
+		t.Fatalf("%d records, Records() %d, want 1050", len(order), w.Records())
+	}
+	first := map[int]int{}
+	for at, i := range order {
+		f, seen := first[i]
+		switch {
+		case !seen:
+			first[i] = at
+		case i%w.DupEvery != 0:
+			t.Errorf("message %d produced twice", i)
+		case i+w.DupLag < w.Messages && order[at-1] != i+w.DupLag:
+			t.Errorf("the copy of message %d at %d follows message %d, want %d", i, at, order[at-1], i+w.DupLag)
+		case at <= f:
+			t.Errorf("the copy of message %d comes before it", i)
+		}
+	}
+	if len(first) != w.Messages {
+		t.Errorf("%d distinct messages, want %d", len(first), w.Messages)
+	}
+}

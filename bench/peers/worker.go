@@ -131,11 +131,12 @@ func (p *progress) settled(partition int32, offset int64) {
 
 // proc is a worker process seen from the parent.
 type proc struct {
-	cmd    *exec.Cmd
-	stdout tail
-	stderr tail
-	exited chan struct{}
-	err    error
+	cmd      *exec.Cmd
+	stdout   tail
+	stderr   tail
+	exited   chan struct{}
+	err      error
+	timedOut bool // wait killed it
 }
 
 // startWorker starts the running binary again as a worker for spec.
@@ -166,6 +167,7 @@ func (p *proc) wait(timeout time.Duration) error {
 	case <-p.exited:
 		return p.err
 	case <-time.After(timeout):
+		p.timedOut = true
 		_ = p.cmd.Process.Kill()
 		<-p.exited
 		return fmt.Errorf("worker did not finish within %s; its stderr:\n%s", timeout, p.stderr.String())
@@ -179,9 +181,13 @@ func (p *proc) stop(timeout time.Duration) error {
 	return p.wait(timeout)
 }
 
-// killed tells whether the worker died of SIGKILL.
+// killed tells whether the worker died of SIGKILL, and not because wait
+// ran out of time.
 func (p *proc) killed() bool {
 	<-p.exited
+	if p.timedOut {
+		return false
+	}
 	ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus)
 	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
 }
