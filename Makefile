@@ -64,6 +64,11 @@ bench-expiry:
 bench-outbox:
 	$(GO) run ./bench/cmd/outboxtable
 
+## bench-peers: this library's Kafka pipeline beside Watermill and a hand-written kafka-go consumer, throughput and a kill -9 between commit and ack (bench/peers, its own module; a few minutes; PEERS_FLAGS e.g. -scale 0.5 -runs 5)
+.PHONY: bench-peers
+bench-peers:
+	cd bench/peers && GOWORK=off $(GO) run ./cmd/peerstable $(PEERS_FLAGS)
+
 ## lint: go vet and staticcheck, over every module
 lint:
 	$(GO) vet $(PKGS)
