@@ -20,9 +20,15 @@ test: test-race
 # other packages, alone, so that their load does not stretch those bounds.
 CHAOS     := github.com/effectively-once/effectively/internal/chaos
 
+# The peers benchmark (Watermill, Sarama, a hand-written kafka-go consumer)
+# is a module of its own, outside the workspace, so that the library never
+# requires them; its test runs the benchmark small.
+PEERS     := bench/peers
+
 test-race: deps
 	$(GO) test -race -count=1 -timeout 30m $(filter-out $(CHAOS),$(shell $(GO) list $(PKGS)))
 	$(GO) test -race -count=1 -timeout 30m $(CHAOS)
+	cd $(PEERS) && GOWORK=off $(GO) test -race -count=1 -timeout 10m ./...
 
 ## test-short: a quicker pass while iterating
 test-short: deps
@@ -73,10 +79,11 @@ bench-peers:
 lint:
 	$(GO) vet $(PKGS)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) $(PKGS)
+	cd $(PEERS) && GOWORK=off $(GO) vet ./... && GOWORK=off $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 
 ## tidy: go mod tidy in each module (each names the core through a replace, so this works outside the workspace)
 tidy:
-	for d in $(MODDIRS); do (cd $$d && GOWORK=off $(GO) mod tidy) || exit 1; done
+	for d in $(MODDIRS) $(PEERS); do (cd $$d && GOWORK=off $(GO) mod tidy) || exit 1; done
 
 ## demo: the quickstart ledger demo
 demo:
