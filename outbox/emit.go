@@ -43,8 +43,13 @@ func (o *Outbox) Emit(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 		headers[i] = encodeHeaders(m.Headers)
 		parts[i] = partition(m.Sink, m.Key, ids[i])
 	}
+	// Each keyed message's place among its key's messages in this call
+	// (from 1), and how many the key has: the statement takes a block of
+	// that many numbers from the key's counter and gives the messages its
+	// numbers in this order, with no sort in the database.
+	ords, counts := keyOrdinals(sinks, keys)
 	var written int64
-	err := tx.QueryRow(ctx, o.t.emitSQL(), parts, sinks, keys, ids, values, headers, o.t.channel).Scan(&written)
+	err := tx.QueryRow(ctx, o.t.emitSQL(), parts, sinks, keys, ids, values, headers, ords, counts, o.t.channel).Scan(&written)
 	if err != nil {
 		return fmt.Errorf("outbox: emit: %w", err)
 	}
@@ -68,27 +73,43 @@ func (o *Outbox) EmitFor(ctx context.Context, tx pgx.Tx, in *consumer.Message, m
 	return o.Emit(ctx, tx, msgs...)
 }
 
+// keyOrdinals returns, for each message with a key, its place among the
+// messages of its (sink, key) (from 1) and their number; 0 and 0 for one
+// without a key.
+func keyOrdinals(sinks []string, keys [][]byte) (ords, counts []int32) {
+	ords = make([]int32, len(keys))
+	counts = make([]int32, len(keys))
+	seen := make(map[string]int32, len(keys))
+	for i, k := range keys {
+		if k != nil {
+			id := sinks[i] + "\x00" + string(k)
+			seen[id]++
+			ords[i] = seen[id]
+		}
+	}
+	for i, k := range keys {
+		if k != nil {
+			counts[i] = seen[sinks[i]+"\x00"+string(k)]
+		}
+	}
+	return ords, counts
+}
+
 func (t tables) emitSQL() string {
 	return `WITH input AS (
-    SELECT * FROM unnest($1::int[], $2::text[], $3::bytea[], $4::text[], $5::bytea[], $6::bytea[])
-        WITH ORDINALITY AS t(part, sink, key, msg_id, value, headers, ord)
-), counts AS (
-    SELECT sink, key, count(*) AS n FROM input WHERE key IS NOT NULL GROUP BY sink, key
+    SELECT * FROM unnest($1::int[], $2::text[], $3::bytea[], $4::text[], $5::bytea[], $6::bytea[], $7::int[], $8::int[])
+        AS t(part, sink, key, msg_id, value, headers, ord, n)
 ), bumped AS (
     INSERT INTO ` + t.counters + ` AS c (sink, key, seq)
-    SELECT sink, key, n FROM counts ORDER BY sink, key
+    SELECT sink, key, n FROM input WHERE ord = 1 ORDER BY sink, key
     ON CONFLICT (sink, key) DO UPDATE SET seq = c.seq + excluded.seq
     RETURNING c.sink, c.key, c.seq
 ), ins AS (
     INSERT INTO ` + t.messages + ` (part, sink, key, seq, msg_id, value, headers)
-    SELECT i.part, i.sink, i.key,
-        CASE WHEN i.key IS NULL THEN 0
-             ELSE b.seq - count(*) OVER w + row_number() OVER (w ORDER BY i.ord) END,
+    SELECT i.part, i.sink, i.key, CASE WHEN i.key IS NULL THEN 0 ELSE b.seq - i.n + i.ord END,
         i.msg_id, i.value, i.headers
     FROM input i LEFT JOIN bumped b ON b.sink = i.sink AND b.key = i.key
-    WINDOW w AS (PARTITION BY i.sink, i.key)
-    ORDER BY i.ord
     RETURNING 1
 )
-SELECT count(*) FROM (SELECT pg_notify($7, '')) AS n, ins`
+SELECT count(*) FROM (SELECT pg_notify($9, '')) AS n, ins`
 }
