@@ -33,6 +33,10 @@ type row struct {
 // no later row of those keys can be committed before it).
 func (r *Relay) fetch(ctx context.Context, parts []int32, limit int, inflight []int64) (_ []row, more bool, _ error) {
 	m := r.t.messages
+	// Whether an earlier row of a key is parked or put off is asked row by
+	// row only when the partitions hold such a row at all (an InitPlan,
+	// evaluated once), which they seldom do.
+	//
 	// Each partition is read through its own index range, at most perPart
 	// rows of it, so a pass costs the rows it may publish, not the whole
 	// backlog. The partitions are read from a starting point that turns
@@ -54,7 +58,10 @@ FROM unnest($1::int[]) WITH ORDINALITY AS q(part, ord), LATERAL (
     WHERE o.part = q.part AND o.published_at IS NULL AND o.parked_at IS NULL
       AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
       AND o.id NOT IN (SELECT unnest($3::bigint[]))
-      AND (o.seq = 0 OR NOT EXISTS (
+      AND (o.seq = 0 OR NOT (SELECT EXISTS (
+          SELECT 1 FROM `+m+` b
+          WHERE b.part = ANY ($1) AND b.published_at IS NULL
+            AND (b.parked_at IS NOT NULL OR b.next_attempt_at IS NOT NULL))) OR NOT EXISTS (
           SELECT 1 FROM `+m+` p
           WHERE p.part = o.part AND p.sink = o.sink AND p.key = o.key AND p.seq < o.seq
             AND p.published_at IS NULL
@@ -147,6 +154,14 @@ type outcome struct {
 // index, a scan of their whole backlog on every pass, and a join of the
 // outcomes' unnest with the table turned into a scan of it once the plan
 // went generic. It is planned on every call, as fetch is.
+//
+// The statement commits without waiting for its WAL to reach the disk
+// (synchronous_commit off, for this transaction only): a crash of the
+// database may forget the last marks written, up to three times
+// wal_writer_delay. A message whose mark is lost is published again with
+// the same ID, which the next stage drops, and one whose park or retry is
+// lost is tried again: at least once either way, as after a relay crash.
+
 func (r *Relay) settle(ctx context.Context, outs []outcome, parts []int32, gens []int64) (int64, error) {
 	if len(outs) == 0 {
 		return 0, nil
@@ -168,7 +183,7 @@ func (r *Relay) settle(ctx context.Context, outs []outcome, parts []int32, gens 
 	}
 	var n int64
 	err := r.db.QueryRow(ctx, `WITH held AS MATERIALIZED (
-    SELECT ARRAY(
+    SELECT set_config('synchronous_commit', 'off', true), ARRAY(
         SELECT l.part FROM `+r.t.leases+` l JOIN unnest($6::int[], $7::bigint[]) AS h(part, gen)
             ON l.part = h.part AND l.generation = h.gen
         WHERE l.owner = $8) AS parts
