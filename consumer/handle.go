@@ -23,6 +23,9 @@ func (c *Consumer) handleAll(ctx context.Context, tx pgx.Tx, news []*item, st *B
 		return nil, nil
 	}
 	idle := c.cfg.IdleTxTimeout
+	if c.cfg.QueueHandler != nil {
+		return c.handleQueued(ctx, tx, news)
+	}
 	if c.cfg.BatchHandler != nil {
 		if err := c.callBatch(ctx, tx, news); err != nil {
 			if lost := connLost(tx, err, time.Since(t), idle); lost != nil {
@@ -135,9 +138,17 @@ func callBatchHandler(ctx context.Context, h BatchHandler, tx pgx.Tx, msgs []*Me
 	return h(ctx, tx, msgs)
 }
 
-// handleOne runs the handler, either shape, for one message outside a
-// batch (Redrive).
+// handleOne runs the handler, any shape, for one message outside a batch
+// (Redrive).
 func (p *path) handleOne(ctx context.Context, tx pgx.Tx, m *Message) error {
+	if p.cfg.QueueHandler != nil {
+		q, err := callQueue(ctx, p.cfg.QueueHandler, m)
+		if err != nil {
+			return err
+		}
+		_, err = sendQueued(ctx, tx, []*item{{m: m}}, []*msgQueue{q})
+		return err
+	}
 	if p.cfg.BatchHandler != nil {
 		return callBatchHandler(ctx, p.cfg.BatchHandler, tx, []*Message{m})
 	}
