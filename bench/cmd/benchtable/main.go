@@ -104,10 +104,12 @@ func run(scale float64, runs int) error {
 		}
 		return 0
 	}
-	h, bh := find("engine, Handler", 500), find("engine, BatchHandler", 500)
+	h, qh, bh := find("engine, Handler", 500), find("engine, QueueHandler", 500), find("engine, BatchHandler", 500)
 	fmt.Println()
 	fmt.Printf("Targets at batch 500: Handler ≥ 8× naive: %.1f× %s; BatchHandler ≥ 25× naive: %.1f× %s; BatchHandler ≥ 70%% of raw: %.0f%% %s\n",
 		h/naive, mark(h/naive >= 8), bh/naive, mark(bh/naive >= 25), 100*bh/raw, mark(bh/raw >= 0.7))
+	fmt.Printf("QueueHandler ≥ 50× naive: %.1f× %s; QueueHandler ≥ 75%% of raw: %.0f%% %s\n",
+		qh/naive, mark(qh/naive >= 50), 100*qh/raw, mark(qh/raw >= 0.75))
 	return nil
 }
 
