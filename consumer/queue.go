@@ -41,11 +41,15 @@ import (
 // *DecodeError) parks the message without running the batch again.
 //
 // A QueueHandler can run more than once for one delivery of a message, as
-// a Handler can: when a batch-mate's statement fails, the batch runs again
-// without it (so a healthy message runs once more for each failing
-// batch-mate, up to four, after which the rest of the batch is isolated
-// message by message under savepoints). Keep work outside the database out
-// of it; BatchStats.Reruns counts these runs.
+// a Handler can: when a batch-mate fails, the batch's transaction rolls
+// back and runs again without it, pipelined, up to four passes in all;
+// should batch-mates still fail, the rest of the batch is then isolated
+// message by message under savepoints. A healthy message of a
+// deterministic handler so runs at most five times however many
+// batch-mates fail, and once when none does. Anything the handler does
+// outside q happens again each time; BatchStats.Reruns counts these runs.
+// Since the transaction waits while the batch's handlers run, a
+// QueueHandler should not block (Config.IdleTxTimeout bounds the wait).
 type QueueHandler func(ctx context.Context, q Queue, m *Message) error
 
 // Queue is where a QueueHandler puts one message's statements. *pgx.Batch
