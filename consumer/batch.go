@@ -90,6 +90,9 @@ type passMode struct {
 	isolated bool
 	from     int
 	check    bool // and the deferred constraints after each
+	// unmerged sends a QueueHandler's statements as queued: a merged
+	// INSERT failed (queue_merge.go).
+	unmerged bool
 }
 
 // decide runs passes over the batch until one commits. The first runs the
@@ -129,14 +132,17 @@ func (c *Consumer) decide(ctx context.Context, b *Batch, items []*item, st *Batc
 				// Pipelined again without the failed message: a pass costs
 				// about what isolating a few messages does.
 			case c.cfg.QueueHandler != nil:
-				mode = passMode{isolated: true, from: queuedFrom(items)}
+				mode = passMode{isolated: true, from: queuedFrom(items), unmerged: mode.unmerged}
 			default:
 				mode = passMode{isolated: true, from: failedFrom(items, c.cfg.Handler != nil)}
 			}
 			continue
+		case errors.Is(err, errMerged):
+			mode.unmerged = true
+			continue
 		case errors.Is(err, errUnattributed):
 			c.log.Warn("a queued statement's arguments could not be encoded; isolating the batch", "lane", b.Lane, "err", err)
-			mode = passMode{isolated: true}
+			mode = passMode{isolated: true, unmerged: mode.unmerged}
 			continue
 		case errors.As(err, &ke) && markInvalid(items, ke):
 			// The strategy refused a key the consumer could not know it
@@ -186,7 +192,7 @@ func (c *Consumer) pass(ctx context.Context, b *Batch, items []*item, st *BatchS
 	if err != nil {
 		return err
 	}
-	idle, err := c.handleAll(ctx, tx, c.parkDecided(news), st)
+	idle, err := c.handleAll(ctx, tx, c.parkDecided(news), st, mode)
 	if err != nil {
 		return err
 	}

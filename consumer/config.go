@@ -64,6 +64,15 @@ type Config struct {
 	QueueHandler QueueHandler
 	// BatchHandler applies all new messages of a batch at once.
 	BatchHandler BatchHandler
+	// NoInsertMerge sends a QueueHandler's statements exactly as queued.
+	// By default, a run of single-row INSERTs of the same text with no
+	// callback (INSERT INTO t (a, b) VALUES ($1, $2)), queued one after
+	// the other by one message or by consecutive ones, is sent as one
+	// multi-row INSERT of the same rows in the same order, which
+	// PostgreSQL runs several times faster. A FOR EACH STATEMENT trigger
+	// on the table then fires once for the merged rows; set NoInsertMerge
+	// if that matters. Defaults to false: INSERTs are merged.
+	NoInsertMerge bool
 	// KeyFunc derives each message's dedupe key. Defaults to DefaultKey
 	// (the source's default ID).
 	KeyFunc KeyFunc

@@ -16,7 +16,7 @@ import (
 // it returns errHandlerFailed with the failure recorded on its message
 // (when it can tell which one failed), or the loss of the connection.
 // It returns the items whose handler call outlasted IdleTxTimeout.
-func (c *Consumer) handleAll(ctx context.Context, tx pgx.Tx, news []*item, st *BatchStats) (slow []*item, err error) {
+func (c *Consumer) handleAll(ctx context.Context, tx pgx.Tx, news []*item, st *BatchStats, mode passMode) (slow []*item, err error) {
 	t := time.Now()
 	defer func() { st.Handle += time.Since(t) }()
 	if len(news) == 0 {
@@ -24,7 +24,7 @@ func (c *Consumer) handleAll(ctx context.Context, tx pgx.Tx, news []*item, st *B
 	}
 	idle := c.cfg.IdleTxTimeout
 	if c.cfg.QueueHandler != nil {
-		return c.handleQueued(ctx, tx, news)
+		return c.handleQueued(ctx, tx, news, !mode.unmerged)
 	}
 	if c.cfg.BatchHandler != nil {
 		if err := c.callBatch(ctx, tx, news); err != nil {
@@ -146,7 +146,7 @@ func (p *path) handleOne(ctx context.Context, tx pgx.Tx, m *Message) error {
 		if err != nil {
 			return err
 		}
-		_, err = sendQueued(ctx, tx, []*item{{m: m}}, []*msgQueue{q})
+		_, err = sendQueued(ctx, tx, []*item{{m: m}}, []*msgQueue{q}, nil)
 		return err
 	}
 	if p.cfg.BatchHandler != nil {

@@ -36,6 +36,13 @@ import (
 // costs two round trips per batch, not two per message. q must not be used
 // after the handler and its callbacks have returned.
 //
+// Single-row INSERTs are cheaper still: a run of INSERTs of the same text
+// whose values are their parameters (INSERT INTO t (a, b) VALUES ($1, $2)),
+// with no callback, queued one after the other (one per message, say), is
+// sent as one multi-row INSERT of the same rows in the same order, unless
+// Config.NoInsertMerge is set. Should it fail, the batch runs again with
+// the statements as queued, to find the message to blame.
+//
 // Returning an error fails the message as for Handler; its queued
 // statements are dropped unsent. An error made with Permanent (or a
 // *DecodeError) parks the message without running the batch again.

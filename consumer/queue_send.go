@@ -22,11 +22,12 @@ var errUnattributed = errors.New("a queued statement failed before it was sent, 
 
 // sendQueued sends the statements queued in qs (qs[i] is items[i]'s queue)
 // in tx: those the handlers queued in one pipelined round trip, then those
-// their callbacks queued in the next, until none is left. It stops at the
-// first failure and returns the message to blame with a *StatementError,
-// or no message when none can be told: a lost connection, or
+// their callbacks queued in the next, until none is left; with mg, runs of
+// single-row INSERTs merged (queue_merge.go). It stops at the first
+// failure and returns the message to blame with a *StatementError, or no
+// message when none can be told: a lost connection, errMerged, or
 // errUnattributed (wrapping the error).
-func sendQueued(ctx context.Context, tx pgx.Tx, items []*item, qs []*msgQueue) (*item, error) {
+func sendQueued(ctx context.Context, tx pgx.Tx, items []*item, qs []*msgQueue, mg *merger) (*item, error) {
 	defer func() {
 		for _, q := range qs {
 			q.done = true
@@ -49,7 +50,16 @@ func sendQueued(ctx context.Context, tx pgx.Tx, items []*item, qs []*msgQueue) (
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		k, err := sendRound(ctx, tx, &b)
+		wire, from := &b, []int(nil)
+		if mg != nil {
+			var sent []*pgx.QueuedQuery
+			if sent, from = mg.merge(b.QueuedQueries); len(sent) < len(b.QueuedQueries) {
+				wire = &pgx.Batch{QueuedQueries: sent}
+			} else {
+				from = nil
+			}
+		}
+		k, err := sendRound(ctx, tx, wire)
 		if err == nil {
 			continue
 		}
@@ -57,6 +67,22 @@ func sendQueued(ctx context.Context, tx pgx.Tx, items []*item, qs []*msgQueue) (
 			return nil, err
 		}
 		var pe pgx.ErrPreprocessingBatch
+		if from != nil {
+			// Merged: the statement sent stands for those queued from
+			// from[k] on.
+			end := len(owner)
+			if k+1 < len(from) {
+				end = from[k+1]
+			}
+			switch {
+			case end-from[k] == 1 && !errors.As(err, &pe):
+				k = from[k]
+			case connClosed(tx) && !errors.As(err, &pe):
+				return nil, err
+			default:
+				return nil, errors.Join(errMerged, err)
+			}
+		}
 		if errors.As(err, &pe) {
 			// pgx failed before it sent anything: it names the statement's
 			// text, not which of those with that text failed.
@@ -205,7 +231,7 @@ func (r row) Scan(dest ...any) error {
 // parks it in this pass, since none of its statements ran: its marker
 // commits with the parked row. Any other failure ends the pass
 // (errHandlerFailed), recorded on the message it is attributed to.
-func (c *Consumer) handleQueued(ctx context.Context, tx pgx.Tx, news []*item) (slow []*item, err error) {
+func (c *Consumer) handleQueued(ctx context.Context, tx pgx.Tx, news []*item, merge bool) (slow []*item, err error) {
 	t := time.Now()
 	run := news[:0:0]
 	qs := make([]*msgQueue, 0, len(news))
@@ -231,13 +257,17 @@ func (c *Consumer) handleQueued(ctx context.Context, tx pgx.Tx, news []*item) (s
 	// The transaction was idle while the handlers ran.
 	idle := c.cfg.IdleTxTimeout
 	slowHandlers := idle > 0 && time.Since(t) > idle
-	failed, err := sendQueued(ctx, tx, run, qs)
+	var mg *merger
+	if merge && !c.cfg.NoInsertMerge {
+		mg = &c.merger
+	}
+	failed, err := sendQueued(ctx, tx, run, qs, mg)
 	switch {
 	case err == nil:
 	case failed != nil:
 		c.recordFailure(failed, err)
 		return nil, errHandlerFailed
-	case errors.Is(err, errUnattributed):
+	case errors.Is(err, errUnattributed), errors.Is(err, errMerged):
 		return nil, err
 	case slowHandlers && connClosed(tx):
 		// Most likely the server ended the session while the handlers
@@ -272,7 +302,7 @@ func (c *Consumer) handleQueuedOne(ctx context.Context, tx pgx.Tx, it *item) (he
 	if herr != nil {
 		return herr, nil
 	}
-	_, herr = sendQueued(ctx, tx, []*item{it}, []*msgQueue{q})
+	_, herr = sendQueued(ctx, tx, []*item{it}, []*msgQueue{q}, nil)
 	var pe pgx.ErrPreprocessingBatch
 	if herr != nil && errors.As(herr, &pe) && connClosed(tx) {
 		c.recordFailure(it, herr)

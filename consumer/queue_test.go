@@ -265,3 +265,85 @@ func TestQueueBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestQueueMergedInserts: the single-row INSERTs of a batch are sent as a
+// few multi-row ones (a statement trigger counts them) unless
+// NoInsertMerge is set; when a merged INSERT fails, the batch runs again
+// with its statements as queued, and only the messages whose row breaks
+// the constraint are parked; the rest commit in that batch.
+func TestQueueMergedInserts(t *testing.T) {
+	t.Parallel()
+	for _, noMerge := range []bool{false, true} {
+		t.Run(fmt.Sprintf("NoInsertMerge=%v", noMerge), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, consumertest.Config{Lanes: 1})
+			ctx := context.Background()
+			if _, err := e.pool.Exec(ctx, `
+CREATE TABLE amounts (msg_id text NOT NULL, n int NOT NULL CHECK (n >= 0));
+CREATE TABLE statements (n int NOT NULL);
+CREATE FUNCTION count_statement() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO statements VALUES (1); RETURN NULL; END $$;
+CREATE TRIGGER count_statement AFTER INSERT ON amounts FOR EACH STATEMENT EXECUTE FUNCTION count_statement();`); err != nil {
+				t.Fatal(err)
+			}
+			const n = 40
+			bad := map[string]bool{"m-7": true, "m-23": true}
+			h := func(ctx context.Context, q consumer.Queue, m *consumer.Message) error {
+				v := 1
+				if bad[m.ID] {
+					v = -1
+				}
+				q.Queue(`INSERT INTO amounts (msg_id, n) VALUES ($1, $2)`, m.ID, v)
+				return nil
+			}
+			for i := range n {
+				id := fmt.Sprintf("m-%d", i)
+				e.broker.Publish(0, msg(id, id))
+			}
+			e.runUntilIdle(e.consumer(consumer.Config{QueueHandler: h, BatchSize: n, MaxAttempts: 1, NoInsertMerge: noMerge}), 30*time.Second)
+
+			parked := e.parked()
+			if len(parked) != len(bad) {
+				t.Fatalf("parked %d, want %d", len(parked), len(bad))
+			}
+			for _, p := range parked {
+				if !bad[*p.DedupeID] || !strings.Contains(p.LastError, "amounts_n_check") {
+					t.Errorf("parked %s: %s", *p.DedupeID, p.LastError)
+				}
+			}
+			rows := consumertest.EffectCounts(t, e.pool, "amounts", "msg_id")
+			for i := range n {
+				id := fmt.Sprintf("m-%d", i)
+				if want := map[bool]int{true: 0, false: 1}[bad[id]]; rows[id] != want {
+					t.Errorf("%s: %d rows, want %d", id, rows[id], want)
+				}
+			}
+			if b := e.hooks.Batches(); len(b) != 1 || b[0].Applied != n-len(bad) {
+				t.Errorf("batches %+v, want one with %d applied", b, n-len(bad))
+			}
+			// The committed pass ran with the statements as queued (a
+			// merged INSERT failed before): 38 statements. A batch with
+			// nothing failing merges its 38 rows into 32 + 4 + 2.
+			var statements int
+			if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM statements`).Scan(&statements); err != nil {
+				t.Fatal(err)
+			}
+			if statements != n-len(bad) {
+				t.Errorf("%d INSERT statements committed, want %d", statements, n-len(bad))
+			}
+			if _, err := e.pool.Exec(ctx, `TRUNCATE statements`); err != nil {
+				t.Fatal(err)
+			}
+			for i := range n - len(bad) {
+				e.broker.Publish(0, msg(fmt.Sprintf("again-%d", i), "again"))
+			}
+			e.runUntilIdle(e.consumer(consumer.Config{QueueHandler: h, BatchSize: n, NoInsertMerge: noMerge}), 30*time.Second)
+			if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM statements`).Scan(&statements); err != nil {
+				t.Fatal(err)
+			}
+			if want := map[bool]int{false: 3, true: n - len(bad)}[noMerge]; statements != want {
+				t.Errorf("%d INSERT statements for %d rows, want %d", statements, n-len(bad), want)
+			}
+		})
+	}
+}
