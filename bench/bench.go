@@ -40,6 +40,7 @@ func Variants() []Variant {
 		{"engine, Handler", 500, Engine(false)},
 		{"engine, QueueHandler", 100, EngineQueue},
 		{"engine, QueueHandler", 500, EngineQueue},
+		{"engine, QueueHandler, NoInsertMerge", 500, EngineQueueUnmerged},
 		{"engine, BatchHandler", 100, Engine(true)},
 		{"engine, BatchHandler", 500, Engine(true)},
 		{"raw: unnest markers + effects", 500, Raw},
@@ -171,15 +172,25 @@ func Engine(batchHandler bool) func(ctx context.Context, pool *pgxpool.Pool, n, 
 }
 
 // EngineQueue runs the consumer as Engine does, with a per-message
-// QueueHandler that queues one INSERT per message.
+// QueueHandler that queues one INSERT per message; the consumer merges a
+// batch's INSERTs into multi-row ones.
 func EngineQueue(ctx context.Context, pool *pgxpool.Pool, n, batch int) (time.Duration, error) {
+	return engine(ctx, pool, n, batch, func(cfg *consumer.Config) { cfg.QueueHandler = queueTransfer })
+}
+
+// EngineQueueUnmerged is EngineQueue with Config.NoInsertMerge: the
+// batch's INSERTs are pipelined one per message, as a QueueHandler's
+// statements that cannot be merged (upserts, updates) are.
+func EngineQueueUnmerged(ctx context.Context, pool *pgxpool.Pool, n, batch int) (time.Duration, error) {
 	return engine(ctx, pool, n, batch, func(cfg *consumer.Config) {
-		cfg.QueueHandler = consumer.JSONQueue(func(ctx context.Context, q consumer.Queue, m *consumer.Message, t transfer) error {
-			q.Queue(`INSERT INTO ledger (msg_id, account, amount) VALUES ($1, $2, $3)`, t.ID, t.Account, t.Amount)
-			return nil
-		})
+		cfg.QueueHandler, cfg.NoInsertMerge = queueTransfer, true
 	})
 }
+
+var queueTransfer = consumer.JSONQueue(func(ctx context.Context, q consumer.Queue, m *consumer.Message, t transfer) error {
+	q.Queue(`INSERT INTO ledger (msg_id, account, amount) VALUES ($1, $2, $3)`, t.ID, t.Account, t.Amount)
+	return nil
+})
 
 // engine runs the consumer configured by handler on one lane with the
 // idset strategy, until it has applied n messages.

@@ -52,8 +52,9 @@ import (
 // back and runs again without it, pipelined, up to four passes in all;
 // should batch-mates still fail, the rest of the batch is then isolated
 // message by message under savepoints. A healthy message of a
-// deterministic handler so runs at most five times however many
-// batch-mates fail, and once when none does. Anything the handler does
+// deterministic handler so runs at most six times however many
+// batch-mates fail (four pipelined passes, one more if a merged INSERT
+// failed, and the isolating pass), and once when none does. Anything the handler does
 // outside q happens again each time; BatchStats.Reruns counts these runs.
 // Since the transaction waits while the batch's handlers run, a
 // QueueHandler should not block (Config.IdleTxTimeout bounds the wait).
@@ -127,6 +128,9 @@ func callQueue(ctx context.Context, h QueueHandler, m *Message) (q *msgQueue, er
 	defer func() {
 		if r := recover(); r != nil {
 			err = &PanicError{Value: r, Stack: debug.Stack()}
+		}
+		if err != nil {
+			q.done = true // its statements are dropped
 		}
 	}()
 	return q, h(ctx, q, m)

@@ -80,7 +80,7 @@ func run(scale float64, runs int) error {
 				return fmt.Errorf("%s (batch %d): %w", r.v.Name, r.v.Batch, err)
 			}
 			r.rates = append(r.rates, float64(r.n)/d.Seconds())
-			fmt.Fprintf(os.Stderr, "run %d: %-36s batch %4d: %9.0f msgs/s\n", run, r.v.Name, r.v.Batch, float64(r.n)/d.Seconds())
+			fmt.Fprintf(os.Stderr, "run %d: %-40s batch %4d: %9.0f msgs/s\n", run, r.v.Name, r.v.Batch, float64(r.n)/d.Seconds())
 		}
 	}
 	for _, r := range results {
