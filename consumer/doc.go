@@ -29,7 +29,8 @@
 //     which go in a next round trip, so a handler that reads before it
 //     writes costs two round trips per batch. A failing statement is
 //     attributed to the message that queued it. The choice for most
-//     per-message code.
+//     per-message code; but it has no pgx.Tx, so code that writes through
+//     one (outbox.Emit, say) needs one of the other shapes.
 //   - BatchHandler is called once per batch with all its new messages, to
 //     write them with one statement (unnest, COPY): the fastest, for
 //     effects that are the same for every message.
