@@ -229,11 +229,15 @@ func TestQueueBadInput(t *testing.T) {
 			q.Queue(`INSERT INTO effects (msg_id, lane, payload) VALUES ($1, $2, $3)`, m.ID, m.Lane, m.Value)
 			q.Queue(`SELECT $1::int`, struct{ X int }{1})
 			return nil
+		case 4:
+			// The same statement, with an argument that encodes: pgx's
+			// error names the text, which two messages queued.
+			q.Queue(`SELECT $1::int`, 4)
 		}
 		q.Queue(`INSERT INTO effects (msg_id, lane, payload) VALUES ($1, $2, $3)`, m.ID, m.Lane, m.Value)
 		return nil
 	})
-	for i, v := range []string{`{"n":0}`, `not json`, `{"n":1}`, `{"n":0}`, `{"n":2}`, `{"n":3}`, `{"n":0}`, `{"n":"x"}`, `{"n":0}`} {
+	for i, v := range []string{`{"n":0}`, `not json`, `{"n":1}`, `{"n":0}`, `{"n":2}`, `{"n":3}`, `{"n":0}`, `{"n":"x"}`, `{"n":0}`, `{"n":4}`} {
 		e.broker.Publish(0, msg(fmt.Sprintf("m-%d", i), v))
 	}
 	e.runUntilIdle(e.consumer(consumer.Config{QueueHandler: h, BatchSize: 20, MaxAttempts: 2}), 30*time.Second)
@@ -260,7 +264,7 @@ func TestQueueBadInput(t *testing.T) {
 		t.Errorf("parked %v", reasons)
 	}
 	effects := e.effectCounts()
-	for id, want := range map[string]int{"m-0": 1, "m-3": 1, "m-6": 1, "m-8": 1, "m-5": 0} {
+	for id, want := range map[string]int{"m-0": 1, "m-3": 1, "m-6": 1, "m-8": 1, "m-9": 1, "m-5": 0} {
 		if effects[id] != want {
 			t.Errorf("%s: %d effects, want %d", id, effects[id], want)
 		}
@@ -347,4 +351,27 @@ CREATE TRIGGER count_statement AFTER INSERT ON amounts FOR EACH STATEMENT EXECUT
 			}
 		})
 	}
+}
+
+// TestQueueAfterSend: a Queue used after its message's statements were
+// sent panics rather than drop the statement silently.
+func TestQueueAfterSend(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, consumertest.Config{Lanes: 1})
+	var kept consumer.Queue
+	h := func(ctx context.Context, q consumer.Queue, m *consumer.Message) error {
+		kept = q
+		return queueEffect(ctx, q, m)
+	}
+	e.broker.Publish(0, msg("m-0", "x"))
+	e.runUntilIdle(e.consumer(consumer.Config{QueueHandler: h}), 30*time.Second)
+	if got := e.effectCounts()["m-0"]; got != 1 {
+		t.Fatalf("%d effects, want 1", got)
+	}
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "after the message's statements were sent") {
+			t.Errorf("Queue after the send: recovered %v, want a panic saying why", r)
+		}
+	}()
+	kept.Queue(`SELECT 1`)
 }
