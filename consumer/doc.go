@@ -44,10 +44,10 @@
 // to four times, its statements pipelined each time); if failures keep
 // coming, they are isolated under savepoints (one per message for a Handler
 // or a QueueHandler, by bisection for a BatchHandler), so the rest of the
-// batch still commits. A failed message
-// goes back to its source with exponential backoff and jitter, and is parked
-// after Config.MaxAttempts, or at once when its error is Permanent (a
-// payload the handler cannot decode, say).
+// batch still commits. A failed message goes back to its source with
+// exponential backoff and jitter, and is parked after Config.MaxAttempts,
+// or at once when its error is Permanent (a payload the handler cannot
+// decode, say).
 //
 // Messages without a usable key (missing, empty, too long, not valid text,
 // or a KeyFunc error) are parked with reason invalid_key; they never stop
