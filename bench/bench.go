@@ -38,6 +38,9 @@ func Variants() []Variant {
 		{"engine, Handler", 1, Engine(false)},
 		{"engine, Handler", 100, Engine(false)},
 		{"engine, Handler", 500, Engine(false)},
+		{"engine, QueueHandler", 100, EngineQueue},
+		{"engine, QueueHandler", 500, EngineQueue},
+		{"engine, QueueHandler, NoInsertMerge", 500, EngineQueueUnmerged},
 		{"engine, BatchHandler", 100, Engine(true)},
 		{"engine, BatchHandler", 500, Engine(true)},
 		{"raw: unnest markers + effects", 500, Raw},
@@ -164,54 +167,86 @@ type transfer struct {
 // with one unnest statement.
 func Engine(batchHandler bool) func(ctx context.Context, pool *pgxpool.Pool, n, batch int) (time.Duration, error) {
 	return func(ctx context.Context, pool *pgxpool.Pool, n, batch int) (time.Duration, error) {
-		broker := consumertest.New(consumertest.Config{Lanes: 1})
-		for i := range n {
-			id, _, _, payload := message(i)
-			broker.Publish(0, consumer.Message{ID: id, Value: payload})
-		}
-		strategy, err := idset.New(idset.Config{})
-		if err != nil {
-			return 0, err
-		}
-		cfg := consumer.Config{Name: "bench", Strategy: strategy, BatchSize: batch, Concurrency: 1}
-		if batchHandler {
-			cfg.BatchHandler = func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
-				ids := make([]string, len(msgs))
-				accounts := make([]string, len(msgs))
-				amounts := make([]int64, len(msgs))
-				for i, m := range msgs {
-					var t transfer
-					if err := json.Unmarshal(m.Value, &t); err != nil {
-						return consumer.Permanent(err)
-					}
-					ids[i], accounts[i], amounts[i] = t.ID, t.Account, t.Amount
+		return engine(ctx, pool, n, batch, func(cfg *consumer.Config) { setHandler(cfg, batchHandler) })
+	}
+}
+
+// EngineQueue runs the consumer as Engine does, with a per-message
+// QueueHandler that queues one INSERT per message; the consumer merges a
+// batch's INSERTs into multi-row ones.
+func EngineQueue(ctx context.Context, pool *pgxpool.Pool, n, batch int) (time.Duration, error) {
+	return engine(ctx, pool, n, batch, func(cfg *consumer.Config) { cfg.QueueHandler = queueTransfer })
+}
+
+// EngineQueueUnmerged is EngineQueue with Config.NoInsertMerge: the
+// batch's INSERTs are pipelined one per message, as a QueueHandler's
+// statements that cannot be merged (upserts, updates) are.
+func EngineQueueUnmerged(ctx context.Context, pool *pgxpool.Pool, n, batch int) (time.Duration, error) {
+	return engine(ctx, pool, n, batch, func(cfg *consumer.Config) {
+		cfg.QueueHandler, cfg.NoInsertMerge = queueTransfer, true
+	})
+}
+
+var queueTransfer = consumer.JSONQueue(func(ctx context.Context, q consumer.Queue, m *consumer.Message, t transfer) error {
+	q.Queue(`INSERT INTO ledger (msg_id, account, amount) VALUES ($1, $2, $3)`, t.ID, t.Account, t.Amount)
+	return nil
+})
+
+// engine runs the consumer configured by handler on one lane with the
+// idset strategy, until it has applied n messages.
+func engine(ctx context.Context, pool *pgxpool.Pool, n, batch int, handler func(*consumer.Config)) (time.Duration, error) {
+	broker := consumertest.New(consumertest.Config{Lanes: 1})
+	for i := range n {
+		id, _, _, payload := message(i)
+		broker.Publish(0, consumer.Message{ID: id, Value: payload})
+	}
+	strategy, err := idset.New(idset.Config{})
+	if err != nil {
+		return 0, err
+	}
+	cfg := consumer.Config{Name: "bench", Strategy: strategy, BatchSize: batch, Concurrency: 1}
+	handler(&cfg)
+	c, err := consumer.New(pool, broker, cfg)
+	if err != nil {
+		return 0, err
+	}
+	elapsed, err := runUntilIdle(ctx, c, broker)
+	if err != nil {
+		return 0, err
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM ledger`).Scan(&rows); err != nil {
+		return 0, err
+	}
+	if rows != n {
+		return 0, fmt.Errorf("ledger has %d rows after %d messages", rows, n)
+	}
+	return elapsed, nil
+}
+
+// setHandler sets Engine's handler.
+func setHandler(cfg *consumer.Config, batchHandler bool) {
+	if batchHandler {
+		cfg.BatchHandler = func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+			ids := make([]string, len(msgs))
+			accounts := make([]string, len(msgs))
+			amounts := make([]int64, len(msgs))
+			for i, m := range msgs {
+				var t transfer
+				if err := json.Unmarshal(m.Value, &t); err != nil {
+					return consumer.Permanent(err)
 				}
-				_, err := tx.Exec(ctx, `INSERT INTO ledger (msg_id, account, amount)
-SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`, ids, accounts, amounts)
-				return err
+				ids[i], accounts[i], amounts[i] = t.ID, t.Account, t.Amount
 			}
-		} else {
-			cfg.Handler = consumer.JSON(func(ctx context.Context, tx pgx.Tx, m *consumer.Message, t transfer) error {
-				_, err := tx.Exec(ctx, `INSERT INTO ledger (msg_id, account, amount) VALUES ($1, $2, $3)`, t.ID, t.Account, t.Amount)
-				return err
-			})
+			_, err := tx.Exec(ctx, `INSERT INTO ledger (msg_id, account, amount)
+SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`, ids, accounts, amounts)
+			return err
 		}
-		c, err := consumer.New(pool, broker, cfg)
-		if err != nil {
-			return 0, err
-		}
-		elapsed, err := runUntilIdle(ctx, c, broker)
-		if err != nil {
-			return 0, err
-		}
-		var rows int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM ledger`).Scan(&rows); err != nil {
-			return 0, err
-		}
-		if rows != n {
-			return 0, fmt.Errorf("ledger has %d rows after %d messages", rows, n)
-		}
-		return elapsed, nil
+	} else {
+		cfg.Handler = consumer.JSON(func(ctx context.Context, tx pgx.Tx, m *consumer.Message, t transfer) error {
+			_, err := tx.Exec(ctx, `INSERT INTO ledger (msg_id, account, amount) VALUES ($1, $2, $3)`, t.ID, t.Account, t.Amount)
+			return err
+		})
 	}
 }
 

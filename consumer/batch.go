@@ -90,10 +90,15 @@ type passMode struct {
 	isolated bool
 	from     int
 	check    bool // and the deferred constraints after each
+	// unmerged sends a QueueHandler's statements as queued: a merged
+	// INSERT failed (queue_merge.go).
+	unmerged bool
 }
 
 // decide runs passes over the batch until one commits. The first runs the
-// whole batch in one transaction without savepoints. When a Handler fails,
+// whole batch in one transaction without savepoints. When a QueueHandler's
+// message fails, up to maxQueuedPasses pipelined passes run without the
+// messages that failed, then the rest is isolated as for a Handler. When a Handler fails,
 // the second runs the messages before it fast again and isolates the rest
 // under savepoints, so that a deterministic handler runs at most twice for
 // a healthy message however many of its batch-mates fail; a BatchHandler's
@@ -120,11 +125,24 @@ func (c *Consumer) decide(ctx context.Context, b *Batch, items []*item, st *Batc
 		case err == nil:
 			return nil
 		case errors.Is(err, errHandlerFailed):
-			if mode.isolated {
+			switch {
+			case mode.isolated:
 				mode.from = 0
-			} else {
+			case c.cfg.QueueHandler != nil && attempt < maxQueuedPasses:
+				// Pipelined again without the failed message: a pass costs
+				// about what isolating a few messages does.
+			case c.cfg.QueueHandler != nil:
+				mode = passMode{isolated: true, from: queuedFrom(items), unmerged: mode.unmerged}
+			default:
 				mode = passMode{isolated: true, from: failedFrom(items, c.cfg.Handler != nil)}
 			}
+			continue
+		case errors.Is(err, errMerged):
+			mode.unmerged = true
+			continue
+		case errors.Is(err, errUnattributed):
+			c.log.Warn("a queued statement's arguments could not be encoded; isolating the batch", "lane", b.Lane, "err", err)
+			mode = passMode{isolated: true, unmerged: mode.unmerged}
 			continue
 		case errors.As(err, &ke) && markInvalid(items, ke):
 			// The strategy refused a key the consumer could not know it
@@ -174,7 +192,7 @@ func (c *Consumer) pass(ctx context.Context, b *Batch, items []*item, st *BatchS
 	if err != nil {
 		return err
 	}
-	idle, err := c.handleAll(ctx, tx, c.parkDecided(news), st)
+	idle, err := c.handleAll(ctx, tx, c.parkDecided(news), st, mode)
 	if err != nil {
 		return err
 	}
@@ -216,6 +234,24 @@ func failedFrom(items []*item, perMessage bool) int {
 		}
 	}
 	return max(from, 0)
+}
+
+// maxQueuedPasses is how many pipelined passes a QueueHandler's batch
+// gets, each without the messages that failed before, until the rest is
+// isolated message by message.
+const maxQueuedPasses = 4
+
+// queuedFrom is where a QueueHandler's batch starts isolating after its
+// pipelined passes: after the last message that failed, since the
+// statements before it ran without failing in the pass that found it.
+func queuedFrom(items []*item) int {
+	from := 0
+	for _, it := range items {
+		if it.failed != nil {
+			from = it.idx + 1
+		}
+	}
+	return from
 }
 
 // blameApplied records a refused commit as a failure of every message that

@@ -36,7 +36,7 @@ type Classification struct {
 // time: a sequenced strategy's earlier messages still awaiting a retry in
 // a running consumer are not known here.
 func Classify(ctx context.Context, tx pgx.Tx, cfg Config, msgs []*Message) ([]Classification, error) {
-	if cfg.Handler == nil && cfg.BatchHandler == nil {
+	if cfg.handlers() == 0 {
 		cfg.Handler = func(context.Context, pgx.Tx, *Message) error { return errors.New("classify runs no handler") }
 	}
 	cfg = cfg.withDefaults()

@@ -44,7 +44,8 @@ const MaxBatchSize = 10000
 const parkedIndexReserve = len("_message_hash_idx")
 
 // Config configures a Consumer. The zero value of every field but Name,
-// Strategy and one of Handler or BatchHandler is a usable default.
+// Strategy and one of Handler, QueueHandler or BatchHandler is a usable
+// default.
 type Config struct {
 	// Name identifies the consumer in logs and metrics. Required.
 	Name string
@@ -53,10 +54,25 @@ type Config struct {
 	Scope string
 	// Strategy recognises duplicates. Required.
 	Strategy dedupe.Strategy
-	// Handler applies one message. Exactly one of Handler and BatchHandler is required.
+	// Handler applies one message, executing its statements in the
+	// batch's transaction. Exactly one of Handler, QueueHandler and
+	// BatchHandler is required; the package documentation says which to
+	// choose.
 	Handler Handler
+	// QueueHandler applies one message by queueing its statements, which
+	// the consumer sends for the whole batch in one round trip.
+	QueueHandler QueueHandler
 	// BatchHandler applies all new messages of a batch at once.
 	BatchHandler BatchHandler
+	// NoInsertMerge sends a QueueHandler's statements exactly as queued.
+	// By default, a run of single-row INSERTs of the same text with no
+	// callback (INSERT INTO t (a, b) VALUES ($1, $2)), queued one after
+	// the other by one message or by consecutive ones, is sent as one
+	// multi-row INSERT of the same rows in the same order, which
+	// PostgreSQL runs several times faster. A FOR EACH STATEMENT trigger
+	// on the table then fires once for the merged rows; set NoInsertMerge
+	// if that matters. Defaults to false: INSERTs are merged.
+	NoInsertMerge bool
 	// KeyFunc derives each message's dedupe key. Defaults to DefaultKey
 	// (the source's default ID).
 	KeyFunc KeyFunc
@@ -202,10 +218,10 @@ func (c Config) validate() error {
 		return bad("Name", "is required")
 	case c.Strategy == nil:
 		return bad("Strategy", "is required")
-	case c.Handler == nil && c.BatchHandler == nil:
-		return bad("Handler", "one of Handler and BatchHandler is required")
-	case c.Handler != nil && c.BatchHandler != nil:
-		return bad("Handler", "set only one of Handler and BatchHandler")
+	case c.handlers() == 0:
+		return bad("Handler", "one of Handler, QueueHandler and BatchHandler is required")
+	case c.handlers() > 1:
+		return bad("Handler", "set only one of Handler, QueueHandler and BatchHandler")
 	case c.MaxKeyLen < 0:
 		return bad("MaxKeyLen", "must not be negative, got %d", c.MaxKeyLen)
 	case c.BatchSize < 1 || c.BatchSize > MaxBatchSize:
@@ -235,6 +251,17 @@ func (c Config) validate() error {
 		return bad("Scope", "%v", err)
 	}
 	return validateParkedTable(c.Schema, c.ParkedTable)
+}
+
+// handlers counts the handler shapes c sets.
+func (c Config) handlers() int {
+	n := 0
+	for _, set := range []bool{c.Handler != nil, c.QueueHandler != nil, c.BatchHandler != nil} {
+		if set {
+			n++
+		}
+	}
+	return n
 }
 
 // validateParkedTable checks the parked table's schema and name, leaving

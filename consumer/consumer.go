@@ -28,6 +28,8 @@ type Consumer struct {
 	// horizon at start-up: it is asked again in the background.
 	horizonChecked bool
 
+	merger merger // a QueueHandler's single-row INSERTs merged
+
 	startHooks []BatchStartHook
 	msgHooks   []MessageHook
 	batches    atomic.Uint64 // numbers the batches: BatchInfo.Batch

@@ -16,13 +16,16 @@ import (
 // it returns errHandlerFailed with the failure recorded on its message
 // (when it can tell which one failed), or the loss of the connection.
 // It returns the items whose handler call outlasted IdleTxTimeout.
-func (c *Consumer) handleAll(ctx context.Context, tx pgx.Tx, news []*item, st *BatchStats) (slow []*item, err error) {
+func (c *Consumer) handleAll(ctx context.Context, tx pgx.Tx, news []*item, st *BatchStats, mode passMode) (slow []*item, err error) {
 	t := time.Now()
 	defer func() { st.Handle += time.Since(t) }()
 	if len(news) == 0 {
 		return nil, nil
 	}
 	idle := c.cfg.IdleTxTimeout
+	if c.cfg.QueueHandler != nil {
+		return c.handleQueued(ctx, tx, news, !mode.unmerged)
+	}
 	if c.cfg.BatchHandler != nil {
 		if err := c.callBatch(ctx, tx, news); err != nil {
 			if lost := connLost(tx, err, time.Since(t), idle); lost != nil {
@@ -135,9 +138,17 @@ func callBatchHandler(ctx context.Context, h BatchHandler, tx pgx.Tx, msgs []*Me
 	return h(ctx, tx, msgs)
 }
 
-// handleOne runs the handler, either shape, for one message outside a
-// batch (Redrive).
+// handleOne runs the handler, any shape, for one message outside a batch
+// (Redrive).
 func (p *path) handleOne(ctx context.Context, tx pgx.Tx, m *Message) error {
+	if p.cfg.QueueHandler != nil {
+		q, err := callQueue(ctx, p.cfg.QueueHandler, m)
+		if err != nil {
+			return err
+		}
+		_, err = sendQueued(ctx, tx, []*item{{m: m}}, []*msgQueue{q}, nil)
+		return err
+	}
 	if p.cfg.BatchHandler != nil {
 		return callBatchHandler(ctx, p.cfg.BatchHandler, tx, []*Message{m})
 	}

@@ -72,7 +72,7 @@ type invRun struct {
 	t      *testing.T
 	p      *plan
 	strat  invStrategy
-	batch  bool   // BatchHandler rather than Handler
+	shape  string // Handler, QueueHandler or BatchHandler
 	schema string // holds every table of the run
 	app    string // application_name of the consumer's connections: the only ones killed
 	pool   *pgxpool.Pool
@@ -184,7 +184,7 @@ func (s invSource) BeforeCommit(ctx context.Context, tx pgx.Tx, b *consumer.Batc
 // newInvRun makes the run's schema in the database at url (effects table
 // with its deferred foreign key), the consumer's pool and the admin pool,
 // and publishes the plan. Runs that share a database never overlap in time.
-func newInvRun(t *testing.T, url string, p *plan, strat invStrategy, batch bool) *invRun {
+func newInvRun(t *testing.T, url string, p *plan, strat invStrategy, shape string) *invRun {
 	ctx := context.Background()
 	schema := fmt.Sprintf("inv_%d", p.seed)
 	app := "effectively-invariant-" + schema
@@ -257,7 +257,7 @@ CREATE CONSTRAINT TRIGGER effects_stall AFTER INSERT ON effects DEFERRABLE INITI
 		t.Fatal(err)
 	}
 	r := &invRun{
-		t: t, p: p, strat: strat, batch: batch, schema: schema, app: app, pool: pool, admin: admin,
+		t: t, p: p, strat: strat, shape: shape, schema: schema, app: app, pool: pool, admin: admin,
 		broker: consumertest.New(consumertest.Config{
 			Lanes: p.lanes, DuplicateRate: p.dupRate, LostAckRate: p.lostAck, Seed: p.seed,
 			BinaryRefs: p.binary, RestartOffsetsEvery: p.recurEach,
@@ -324,9 +324,10 @@ type effectRow struct {
 	stall   bool
 }
 
-// effect is the handler's logic for one message, shared by both shapes:
-// faults, poison and transient failures, and the row to write.
-func (r *invRun) effect(tx pgx.Tx, m *consumer.Message) (effectRow, error) {
+// effect is the handler's logic for one message, shared by the three
+// shapes: faults, poison and transient failures, and the row to write.
+// kill terminates the handler's session.
+func (r *invRun) effect(kill func(), m *consumer.Message) (effectRow, error) {
 	s := r.storedOf(m)
 	if s == nil {
 		return effectRow{}, consumer.Permanent(errors.New("unknown message"))
@@ -340,7 +341,7 @@ func (r *invRun) effect(tx pgx.Tx, m *consumer.Message) (effectRow, error) {
 		return effectRow{}, errInvCrash
 	}
 	if r.strike(s, m.Attempt, killHandler) {
-		r.kill(tx.Conn().PgConn().PID())
+		kill()
 	}
 	switch {
 	case l.kind == poisonPermanent:
@@ -359,13 +360,25 @@ func (r *invRun) effect(tx pgx.Tx, m *consumer.Message) (effectRow, error) {
 }
 
 func (r *invRun) handler(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-	row, err := r.effect(tx, m)
+	row, err := r.effect(func() { r.kill(tx.Conn().PgConn().PID()) }, m)
 	if err != nil {
 		return err
 	}
 	_, err = tx.Exec(ctx, `INSERT INTO effects (logical, copy, sender, seq, payload, account, stall) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
 		row.logical, row.copy, row.sender, row.seq, row.payload, row.account, row.stall)
 	return err
+}
+
+// queueHandler queues the effect. Its session is killed from within the
+// pipeline: by a statement it queues before the effect.
+func (r *invRun) queueHandler(ctx context.Context, q consumer.Queue, m *consumer.Message) error {
+	row, err := r.effect(func() { q.Queue(`SELECT pg_terminate_backend(pg_backend_pid())`) }, m)
+	if err != nil {
+		return err
+	}
+	q.Queue(`INSERT INTO effects (logical, copy, sender, seq, payload, account, stall) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+		row.logical, row.copy, row.sender, row.seq, row.payload, row.account, row.stall)
+	return nil
 }
 
 func (r *invRun) batchHandler(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
@@ -377,7 +390,7 @@ func (r *invRun) batchHandler(ctx context.Context, tx pgx.Tx, msgs []*consumer.M
 		stalls                      []bool
 	)
 	for _, m := range msgs {
-		row, err := r.effect(tx, m)
+		row, err := r.effect(func() { r.kill(tx.Conn().PgConn().PID()) }, m)
 		if err != nil {
 			return err
 		}
@@ -471,9 +484,12 @@ func (r *invRun) config() consumer.Config {
 		Logger:          consumertest.Logger(),
 		Hooks:           []consumer.Hook{r},
 	}
-	if r.batch {
+	switch r.shape {
+	case "BatchHandler":
 		cfg.BatchHandler = r.batchHandler
-	} else {
+	case "QueueHandler":
+		cfg.QueueHandler = r.queueHandler
+	default:
 		cfg.Handler = r.handler
 	}
 	return cfg

@@ -13,7 +13,7 @@ import (
 	"github.com/effectively-once/effectively/pgtest"
 )
 
-// TestInvariant is the promise, for every strategy and both handler shapes,
+// TestInvariant is the promise, for every strategy and all three handler shapes,
 // over many seeds: each seed plans 50 to 100 logical messages (some 80 to
 // 180 stored, with their copies) from 8 senders over 4 lanes (a sender's
 // messages in one lane, like a Kafka key), with
@@ -54,11 +54,7 @@ func TestInvariant(t *testing.T) {
 		wg.Go(func() {
 			t.Run(strat.name, func(t *testing.T) {
 				var wg sync.WaitGroup
-				for _, batch := range []bool{false, true} {
-					shape := "Handler"
-					if batch {
-						shape = "BatchHandler"
-					}
+				for _, shape := range []string{"Handler", "QueueHandler", "BatchHandler"} {
 					wg.Go(func() {
 						t.Run(shape, func(t *testing.T) {
 							url := pgtest.URL(t) // one database for the configuration, a schema per seed
@@ -103,7 +99,7 @@ func runInvariantSeed(t *testing.T, url string, seed uint64, opts planOptions, s
 		}
 	})
 	t.Log(p)
-	r := newInvRun(t, url, p, strat, shape == "BatchHandler")
+	r := newInvRun(t, url, p, strat, shape)
 	start := time.Now()
 	stuck := r.consume()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -23,27 +23,27 @@ import (
 func TestInvariantVolume(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name  string
-		n     int
-		batch bool
-		size  int
+		name string
+		n    int
+		size int
 	}{
-		{"BatchHandler", 100_000, true, 500},
-		{"Handler", 20_000, false, 200},
+		{"BatchHandler", 100_000, 500},
+		{"QueueHandler", 100_000, 500},
+		{"Handler", 20_000, 200},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			if testing.Short() {
 				tc.n /= 10
 			}
-			runInvariant(t, tc.n, tc.batch, tc.size)
+			runInvariant(t, tc.n, tc.name, tc.size)
 		})
 	}
 }
 
 var errCrash = errors.New("consumer crashed mid-handler")
 
-func runInvariant(t *testing.T, n int, batch bool, size int) {
+func runInvariant(t *testing.T, n int, shape string, size int) {
 	e := newEnv(t, consumertest.Config{Lanes: 4, DuplicateRate: 0.3, LostAckRate: 0.1, Seed: uint64(n)})
 	poison := func(id int) bool { return id%997 == 0 }
 	nPoison := 0
@@ -79,7 +79,15 @@ func runInvariant(t *testing.T, n int, batch bool, size int) {
 		return nil
 	}
 	cfg := consumer.Config{BatchSize: size, MaxAttempts: 8}
-	if batch {
+	switch shape {
+	case "QueueHandler":
+		cfg.QueueHandler = func(ctx context.Context, q consumer.Queue, m *consumer.Message) error {
+			if err := check(m); err != nil {
+				return err
+			}
+			return queueEffect(ctx, q, m)
+		}
+	case "BatchHandler":
 		cfg.BatchHandler = func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
 			for _, m := range msgs {
 				if err := check(m); err != nil {
@@ -88,7 +96,7 @@ func runInvariant(t *testing.T, n int, batch bool, size int) {
 			}
 			return insertEffects(ctx, tx, msgs)
 		}
-	} else {
+	default:
 		cfg.Handler = func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			if err := check(m); err != nil {
 				return err

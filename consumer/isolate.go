@@ -50,9 +50,14 @@ func (c *Consumer) isolate(ctx context.Context, p *isolation, run []*item) error
 // returned as lost; any other failure as herr.
 func (c *Consumer) handle(ctx context.Context, p *isolation, news []*item) (herr, lost error) {
 	t := time.Now()
-	if c.cfg.BatchHandler != nil {
+	switch {
+	case c.cfg.QueueHandler != nil:
+		if herr, lost = c.handleQueuedOne(ctx, p.tx, news[0]); lost != nil {
+			return herr, lost
+		}
+	case c.cfg.BatchHandler != nil:
 		herr = c.callBatch(ctx, p.tx, news)
-	} else {
+	default:
 		herr = c.call(ctx, p.tx, news[0])
 	}
 	if herr == nil && p.check {

@@ -46,11 +46,11 @@ func TestPgxNullAndEmptyBytea(t *testing.T) {
 
 // A nil value and key (a Kafka tombstone) stay nil, and an empty value and
 // key stay empty, through the engine's handler, the parked table (NULL
-// against ”) and a redrive, byte for byte, for both handler shapes.
+// against ”) and a redrive, byte for byte, for the three handler shapes.
 func TestNilAndEmptyValuesSurvive(t *testing.T) {
 	t.Parallel()
-	for _, batch := range []bool{false, true} {
-		t.Run(map[bool]string{false: "handler", true: "batch"}[batch], func(t *testing.T) {
+	for _, kind := range []string{"handler", "queue", "batch"} {
+		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, consumertest.Config{Lanes: 1, DuplicateRate: 0.3, Seed: 7})
 			type shape struct {
@@ -97,7 +97,8 @@ func TestNilAndEmptyValuesSurvive(t *testing.T) {
 				return nil
 			}
 			cfg := consumer.Config{BatchSize: 10}
-			if batch {
+			switch kind {
+			case "batch":
 				cfg.BatchHandler = func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
 					for _, m := range msgs {
 						if err := one(ctx, tx, m); err != nil {
@@ -106,7 +107,15 @@ func TestNilAndEmptyValuesSurvive(t *testing.T) {
 					}
 					return nil
 				}
-			} else {
+			case "queue":
+				cfg.QueueHandler = func(ctx context.Context, q consumer.Queue, m *consumer.Message) error {
+					if err := one(ctx, nil, m); err != nil {
+						return err
+					}
+					q.Queue(`INSERT INTO effects (msg_id, lane, payload) VALUES ($1, $2, coalesce($3::bytea, ''))`, m.ID, m.Lane, m.Value)
+					return nil
+				}
+			default:
 				cfg.Handler = one
 			}
 			e.runUntilIdle(e.consumer(cfg), 30*time.Second)
@@ -136,13 +145,19 @@ func TestNilAndEmptyValuesSurvive(t *testing.T) {
 
 			fixed.Store(true)
 			rcfg := e.redriveConfig(nil)
-			rcfg.Handler, rcfg.BatchHandler = cfg.Handler, cfg.BatchHandler
+			rcfg.Handler, rcfg.QueueHandler, rcfg.BatchHandler = cfg.Handler, cfg.QueueHandler, cfg.BatchHandler
 			res, err := rcfg.run(e)
 			if err != nil || res.Applied != len(shapes) {
 				t.Fatalf("redrive: %+v, %v", res, err)
 			}
 			if len(bad) > 0 {
 				t.Fatalf("nil and empty mixed up: %v", bad)
+			}
+			if kind == "queue" {
+				// The redrive sent the statements the handler queued.
+				if got := e.effectCounts(); len(got) != len(shapes) {
+					t.Errorf("effects after the redrive: %v, want one for each of %d messages", got, len(shapes))
+				}
 			}
 		})
 	}

@@ -50,7 +50,7 @@ func (e *env) config(cfg consumer.Config) consumer.Config {
 		}
 		cfg.Strategy = s
 	}
-	if cfg.Handler == nil && cfg.BatchHandler == nil {
+	if cfg.Handler == nil && cfg.BatchHandler == nil && cfg.QueueHandler == nil {
 		cfg.Handler = insertEffect
 	}
 	if cfg.RetryBackoff == 0 {

@@ -30,38 +30,49 @@ func TestEveryStrategyThroughTheConsumer(t *testing.T) {
 		},
 	}
 	for name, mk := range strategies {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			s, err := mk()
-			if err != nil {
-				t.Fatal(err)
-			}
-			e := newEnv(t, consumertest.Config{Lanes: 3, DuplicateRate: 0.3, LostAckRate: 0.05})
-			const senders, per = 3, 100
-			for sender := range senders {
-				for seq := 1; seq <= per; seq++ {
-					e.broker.Publish(sender, seqMsg(fmt.Sprintf("s%d", sender), seq))
-				}
-			}
-			cfg := consumer.Config{Strategy: s, BatchSize: 25}
-			if name == "highwater" {
-				cfg.KeyFunc = seqKey
-			}
-			e.runUntilIdle(e.consumer(cfg), time.Minute)
-			counts := e.effectCounts()
-			if len(counts) != senders*per {
-				t.Errorf("%d messages applied, want %d", len(counts), senders*per)
-			}
-			for id, n := range counts {
-				if n != 1 {
-					t.Errorf("%s applied %d times", id, n)
-				}
-			}
-			if st := e.hooks.Total(); st.Duplicate == 0 {
-				t.Error("no duplicates seen: the test did not test dedupe")
-			}
-		})
+		for _, queued := range []bool{false, true} {
+			runStrategy(t, name, mk, queued)
+		}
 	}
+}
+
+// runStrategy runs three senders' messages with duplicates through a
+// consumer with the strategy mk makes, with a Handler or a QueueHandler.
+func runStrategy(t *testing.T, name string, mk func() (dedupe.Strategy, error), queued bool) {
+	t.Run(name+map[bool]string{false: "-Handler", true: "-QueueHandler"}[queued], func(t *testing.T) {
+		t.Parallel()
+		s, err := mk()
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := newEnv(t, consumertest.Config{Lanes: 3, DuplicateRate: 0.3, LostAckRate: 0.05})
+		const senders, per = 3, 100
+		for sender := range senders {
+			for seq := 1; seq <= per; seq++ {
+				e.broker.Publish(sender, seqMsg(fmt.Sprintf("s%d", sender), seq))
+			}
+		}
+		cfg := consumer.Config{Strategy: s, BatchSize: 25}
+		if queued {
+			cfg.QueueHandler = queueEffect
+		}
+		if name == "highwater" {
+			cfg.KeyFunc = seqKey
+		}
+		e.runUntilIdle(e.consumer(cfg), time.Minute)
+		counts := e.effectCounts()
+		if len(counts) != senders*per {
+			t.Errorf("%d messages applied, want %d", len(counts), senders*per)
+		}
+		for id, n := range counts {
+			if n != 1 {
+				t.Errorf("%s applied %d times", id, n)
+			}
+		}
+		if st := e.hooks.Total(); st.Duplicate == 0 {
+			t.Error("no duplicates seen: the test did not test dedupe")
+		}
+	})
 }
 
 // A consumer using idset runs its retention sweeper, unless told not to.

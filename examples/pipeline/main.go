@@ -255,15 +255,19 @@ SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bigint[])`, runName, ids, a
 	}
 	countsB := &counts{}
 	stageB := consumer.Config{Name: runName + "-b", Strategy: stratB, BatchSize: 200, Hooks: []consumer.Hook{countsB},
-		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		// One upsert per message, queued: the batch's upserts go in one
+		// round trip. (One unnest upsert for the batch would not do: a
+		// batch holds several changes of one account, and ON CONFLICT
+		// cannot update a row twice in one statement.)
+		QueueHandler: func(ctx context.Context, q consumer.Queue, m *consumer.Message) error {
 			amt, err := strconv.ParseInt(string(m.Value), 10, 64)
 			if err != nil {
 				return &consumer.DecodeError{Err: err}
 			}
-			_, err = tx.Exec(ctx, `INSERT INTO pipeline_balances VALUES ($1, $2, $3, 1)
+			q.Queue(`INSERT INTO pipeline_balances VALUES ($1, $2, $3, 1)
 ON CONFLICT (run, account) DO UPDATE SET balance = pipeline_balances.balance + $3, changes = pipeline_balances.changes + 1`,
 				runName, string(m.Key), amt)
-			return err
+			return nil
 		}}
 
 	parts := []*part{

@@ -53,7 +53,6 @@ import (
 	"github.com/effectively-once/effectively/internal/fauxqs"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/effectively-once/effectively/sources/sqs"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -65,15 +64,16 @@ type Webhook struct {
 }
 
 // store is the business effect: one row per event, in the transaction that
-// also records the event ID as processed.
-func store(ctx context.Context, tx pgx.Tx, m *consumer.Message, w Webhook) error {
+// also records the event ID as processed. It queues its INSERT, so that
+// the batch's rows go to PostgreSQL in one round trip.
+func store(ctx context.Context, q consumer.Queue, m *consumer.Message, w Webhook) error {
 	if w.Type == "" {
 		return consumer.Permanent(fmt.Errorf("event %s has no type", w.ID))
 	}
 	provider, _ := m.Header("provider")
-	_, err := tx.Exec(ctx, `INSERT INTO webhook_events (event_id, provider, type, data, sqs_message_id, received_at)
+	q.Queue(`INSERT INTO webhook_events (event_id, provider, type, data, sqs_message_id, received_at)
 		VALUES ($1, $2, $3, $4, $5, $6)`, w.ID, string(provider), w.Type, []byte(w.Data), m.Ref, m.Time)
-	return err
+	return nil
 }
 
 const schemaSQL = `CREATE TABLE IF NOT EXISTS webhook_events (
@@ -183,7 +183,7 @@ func run(ctx context.Context, demo bool, events int, logger *slog.Logger) error 
 		// event's own ID. sqs.ParkUnreadable parks messages the source
 		// could not read (an SNS envelope that is not JSON) with the reason.
 		KeyFunc:      sqs.ParkUnreadable(consumer.JSONField("id")),
-		Handler:      consumer.JSON(store),
+		QueueHandler: consumer.JSONQueue(store),
 		BatchSize:    100,
 		RetryBackoff: 500 * time.Millisecond,
 		Logger:       logger,
