@@ -167,3 +167,54 @@ WHERE schemaname = 'effectively' AND relname = 'outbox'`).Scan(&n); err != nil {
 		t.Fatalf("one fetch of 500 rows read %d rows by sequential scan", read)
 	}
 }
+
+// TestPruneCounters: the cleanup deletes the counters of keys with nothing
+// waiting, and keeps those of keys with a parked row or an emitter still
+// open; a key emitted to again after its counter went starts again at 1,
+// and one whose emitter was open goes on from its counter.
+func TestPruneCounters(t *testing.T) {
+	db, o := setup(t, Config{})
+	ctx := context.Background()
+	sink := newMemSink()
+	sink.refuse["b1"] = Permanent(errors.New("no"))
+	emit(t, db, o, msg("a", "a1"), msg("b", "b1"), msg("d", "d0"))
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := o.Emit(ctx, tx, msg("d", "d1")); err != nil {
+		t.Fatal(err)
+	}
+	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": sink}, CleanupInterval: 20 * time.Millisecond})
+	sink.waitFor(t, 2*time.Minute, "a1, d0", hasIDs("a1", "d0"))
+	waitRows(t, db, 2*time.Minute, 0, `SELECT count(*) FROM effectively.outbox_counters WHERE key = 'a'`)
+	var keys string
+	if err := db.QueryRow(ctx, `SELECT string_agg(convert_from(key, 'UTF8'), ',' ORDER BY key) FROM effectively.outbox_counters`).Scan(&keys); err != nil {
+		t.Fatal(err)
+	}
+	if keys != "b,d" {
+		t.Fatalf("counters left: %s, want b (parked) and d (an emitter open)", keys)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	emit(t, db, o, msg("a", "a2"))
+	sink.waitFor(t, 2*time.Minute, "d1, a2", hasIDs("d1", "a2"))
+	rows, err := db.Query(ctx, `SELECT msg_id || '=' || seq FROM effectively.outbox WHERE msg_id IN ('a2', 'd1') ORDER BY msg_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, s)
+	}
+	rows.Close()
+	if g := strings.Join(got, " "); g != "a2=1 d1=2" {
+		t.Fatalf("seqs %s, want a2=1 (a new counter) d1=2", g)
+	}
+}

@@ -232,6 +232,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			} else if n > 0 {
 				r.log.Debug("outbox: cleanup", "deleted", n)
 			}
+			if n, err := r.pruneCounters(ctx); err != nil && ctx.Err() == nil {
+				r.log.Warn("outbox: cleanup", "err", err)
+			} else if n > 0 {
+				r.log.Debug("outbox: cleanup", "counters deleted", n)
+			}
 			nextCleanup = time.Now().Add(r.cfg.CleanupInterval)
 		}
 		if len(r.hooks.backlog) > 0 && !time.Now().Before(nextBacklog) {

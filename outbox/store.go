@@ -2,11 +2,13 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // row is one outbox row a relay read.
@@ -229,6 +231,53 @@ func (r *Relay) cleanup(ctx context.Context, parts []int32) (int64, error) {
 		}
 		total += tag.RowsAffected()
 		if tag.RowsAffected() < int64(r.cfg.CleanupBatch) || ctx.Err() != nil {
+			return total, nil
+		}
+	}
+}
+
+// pruneCounters deletes the counter rows of keys with no row waiting (none
+// unpublished, none parked), in batches of at most CleanupBatch, and
+// returns how many it deleted. A key emitted to again starts a new counter
+// at 1: with none of its rows waiting there is no older seq for a new one
+// to be ordered against.
+//
+// It runs in REPEATABLE READ and locks the rows it deletes, skipping those
+// an emitter holds: a counter an emitter updated after the statement's
+// snapshot (whose new row the snapshot cannot see) fails the lock with a
+// serialization error instead of being deleted, and the prune is tried
+// again at the next cleanup.
+func (r *Relay) pruneCounters(ctx context.Context) (int64, error) {
+	tb, ok := r.db.(interface {
+		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+	})
+	if !ok {
+		return 0, nil // a db that cannot set the isolation level: no pruning
+	}
+	var total int64
+	for {
+		var n int64
+		err := pgx.BeginTxFunc(ctx, tb, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, `DELETE FROM `+r.t.counters+` c USING (
+    SELECT c2.sink, c2.key FROM `+r.t.counters+` c2
+    WHERE NOT EXISTS (
+        SELECT 1 FROM `+r.t.messages+` m
+        WHERE m.sink = c2.sink AND m.key = c2.key AND m.published_at IS NULL)
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED) d
+WHERE c.sink = d.sink AND c.key = d.key`, pgx.QueryExecModeExec, r.cfg.CleanupBatch)
+			n = tag.RowsAffected()
+			return err
+		})
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "40001" {
+			return total, nil // a counter changed under the prune: next time
+		}
+		if err != nil {
+			return total, fmt.Errorf("outbox: prune counters: %w", err)
+		}
+		total += n
+		if n < int64(r.cfg.CleanupBatch) || ctx.Err() != nil {
 			return total, nil
 		}
 	}
