@@ -46,7 +46,7 @@ func testChainedSQS(t *testing.T, fifo bool) {
 	const accounts = 40
 	ctx := context.Background()
 	db, o := setup(t, Config{Sinks: []string{"balances"}})
-	if _, err := db.Exec(ctx, `CREATE TABLE a_effects (input text PRIMARY KEY);
+	if _, err := db.Exec(ctx, `CREATE TABLE a_effects (input text PRIMARY KEY, serial bigserial, account text, msg_id text);
 CREATE TABLE b_effects (serial bigserial, input text, account text, msg_id text, value_null boolean, value_empty boolean)`); err != nil {
 		t.Fatal(err)
 	}
@@ -67,12 +67,15 @@ CREATE TABLE b_effects (serial bigserial, input text, account text, msg_id text,
 	cfgA := consumer.Config{Name: "stage-a", Strategy: strategyA, BatchSize: 100, Logger: consumertest.Logger(),
 		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			input := string(m.Value)
-			if _, err := tx.Exec(ctx, `INSERT INTO a_effects VALUES ($1)`, input); err != nil {
+			if err := o.EmitFor(ctx, tx, m, Message{Sink: "balances", Key: m.Key, Value: value(input), ID: ID(m, 0),
+				Headers: []Header{{Key: "input", Value: []byte(input)}, {Key: "account", Value: m.Key},
+					{Key: "raw", Value: []byte{0, 0xff, byte(len(input))}}}}); err != nil {
 				return err
 			}
-			return o.EmitFor(ctx, tx, m, Message{Sink: "balances", Key: m.Key, Value: value(input), ID: ID(m, 0),
-				Headers: []Header{{Key: "input", Value: []byte(input)}, {Key: "account", Value: m.Key},
-					{Key: "raw", Value: []byte{0, 0xff, byte(len(input))}}}})
+			// After the emit, which holds the key's counter row until the
+			// commit: serial is the key's commit order (see checkChain).
+			_, err := tx.Exec(ctx, `INSERT INTO a_effects (input, account, msg_id) VALUES ($1, $2, $3)`, input, string(m.Key), ID(m, 0))
+			return err
 		}}
 	runA := consumertest.Start(consumertest.NewConsumer(t, db, broker, cfgA))
 	logicalDupes := 0
