@@ -55,9 +55,13 @@
 // wait for it), never the others. Messages with a nil Key have no order
 // (seq 0) and take no counter row.
 //
+// A key's seq orders only the rows that wait at the same time: the relay's
+// cleanup deletes the counter of a key with no row waiting (none
+// unpublished, none parked), and the key's next message starts again at
+// 1, after every earlier one was published.
+//
 // The cost: two transactions emitting to one key serialize, so keep
-// emitting transactions short, and the counters table keeps one row per
-// (sink, key) ever emitted to. One Emit call takes its keys' rows in
+// emitting transactions short. One Emit call takes its keys' rows in
 // order, but two transactions that emit to keys a then b and b then a in
 // separate calls can deadlock: PostgreSQL aborts one, and a consumer rolls
 // back and retries it. Emit a batch's messages in one call (as a
@@ -95,7 +99,18 @@
 // message) and then parked with the reason, in the outbox table itself,
 // holding back only its key until Outbox.Redrive or Outbox.Purge. Parked
 // rows are never deleted by the cleanup, which deletes published rows
-// older than Retention in batches of CleanupBatch.
+// older than Retention in batches of CleanupBatch; with Retention
+// DeleteOnPublish, the relay deletes each row as it marks it published,
+// its cheapest setting.
+//
+// A relay works in a pipeline of two batches: while one is published, the
+// one before is marked and the next is read. The next one excludes the
+// rows in flight, and before it is published every key the current batch
+// did not publish (a failure, or a row held behind one) is dropped from
+// it, so no message overtakes one of its key. Marks commit without
+// waiting for the WAL flush: a database crash may forget the last ones,
+// and those messages are published again with the same IDs. The relay's
+// statements are planned on every call, with the table as it is then.
 //
 // The relay wakes on the NOTIFY that the emitting transaction sends (and
 // PostgreSQL delivers only on commit), and polls every PollInterval as a
