@@ -24,8 +24,8 @@ func (b *batch) empty() bool { return len(b.rows) == 0 }
 
 // pass publishes one batch and returns how many rows it read and whether
 // more may be waiting. The relay works as a pipeline of two batches: while
-// one is published, the one before is marked and the next is read, on
-// another connection, so a pass costs the longer of the publish and the
+// one is published (on a goroutine of its own), the one before is marked
+// and the next is read, so a pass costs the longer of the publish and the
 // database's work, not their sum.
 //
 // Order holds across the overlap. The next batch is read after the one
