@@ -14,7 +14,7 @@ import (
 // for.
 const (
 	gateSQL  = `SELECT pg_advisory_xact_lock_shared($1)`
-	locksSQL = `SELECT pg_advisory_xact_lock(h) FROM unnest($1::bigint[]) AS h`
+	locksSQL = `SELECT count(pg_advisory_xact_lock(h)) FROM unnest($1::bigint[]) AS h`
 )
 
 // Row kinds returned by claimSQL.
