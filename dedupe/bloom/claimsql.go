@@ -72,6 +72,10 @@ func (s *Strategy) buildSQL() {
         LIMIT 1
     ) AS m
     WHERE ok.run
+      -- evaluated once: when every key was found or inserted (the common
+      -- case), rest is never computed
+      AND (SELECT count(*) FROM ins) + (SELECT count(*) FROM (SELECT DISTINCT scope, id FROM probe) AS d)
+          < cardinality($4::text[])
 )
 SELECT ` + fmt.Sprint(rowFound) + `, scope, id, slice, fingerprint, NULL::timestamptz, NULL::bool, NULL::bool FROM probe
 UNION ALL
