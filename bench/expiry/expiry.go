@@ -57,6 +57,15 @@ type Config struct {
 	// expiry is measured, from the expiry's start: an expiry shorter than
 	// that is measured with the claims that follow it. Defaults to 1 second.
 	MinWindow time.Duration
+	// CurrentKeys sizes bloom's filter of the current slice
+	// (bloom.Config.ExpectedKeysPerSlice) for the traffic a user would
+	// size it for: the new keys the run claims, all into the current
+	// slice. An undersized filter answers "maybe" for most new keys and
+	// sends them to a probe of the current partition. The loaded slices'
+	// sealed filters are sized from the store, whatever this is. Defaults
+	// to 2 × Runs × ClaimKeys, about what the throughput and expiry
+	// phases claim (Run logs the count).
+	CurrentKeys int
 	// Logf receives progress lines. Defaults to discarding them.
 	Logf func(format string, args ...any)
 }
@@ -88,6 +97,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MinWindow == 0 {
 		c.MinWindow = time.Second
+	}
+	if c.CurrentKeys == 0 {
+		c.CurrentKeys = 2 * c.Runs * c.ClaimKeys
 	}
 	if c.Logf == nil {
 		c.Logf = func(string, ...any) {}
@@ -223,8 +235,9 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Result, error) {
 	if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{cfg.Schema}.Sanitize()+` CASCADE`); err != nil {
 		return nil, err
 	}
-	// ExpectedKeysPerSlice as a user would set it: the traffic of a slice.
-	bcfg := bloom.Config{Schema: cfg.Schema, Slice: slice, Retention: time.Duration(cfg.Slices) * slice, ExpectedKeysPerSlice: res.PerSlice}
+	// ExpectedKeysPerSlice as a user would set it: the traffic of the
+	// current slice, which receives every key the run claims.
+	bcfg := bloom.Config{Schema: cfg.Schema, Slice: slice, Retention: time.Duration(cfg.Slices) * slice, ExpectedKeysPerSlice: cfg.CurrentKeys}
 	bs, err := bloom.New(bcfg)
 	if err != nil {
 		return nil, err
@@ -326,6 +339,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Result, error) {
 	for k := range r.bloom.rates {
 		res.ClaimRatios = append(res.ClaimRatios, r.bloom.rates[k]/r.idset.rates[k])
 	}
+	cfg.Logf("claimed %d new keys with bloom, %d with idset; bloom's current-slice filter is sized for %d", r.bloom.next, r.idset.next, cfg.CurrentKeys)
 	sorted := slices.Sorted(slices.Values(res.ClaimRatios))
 	res.ClaimRatio = sorted[len(sorted)/2]
 	st = bs.Stats()

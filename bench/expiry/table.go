@@ -50,8 +50,9 @@ type Check struct {
 func (r *Result) Markdown(w io.Writer) {
 	c := r.Config
 	b, i := r.Bloom, r.Idset
-	fmt.Fprintf(w, "PostgreSQL %s, fsync on; %s live markers per strategy over a retention of %d daily slices (%s per slice); fresh traffic, %d new keys per transaction; throughput is the median of %d interleaved runs of %s keys.\n\n",
-		r.Server, group(float64(c.Markers)), c.Slices, group(float64(r.PerSlice)), c.Batch, c.Runs, group(float64(c.ClaimKeys)))
+	fmt.Fprintf(w, "PostgreSQL %s, fsync on; %s live markers per strategy over a retention of %d daily slices (%s per slice); fresh traffic, %d new keys per transaction; throughput is the median of %d interleaved runs of %s keys; bloom's filter of the current slice is sized for %s keys (%s were claimed into it).\n\n",
+		r.Server, group(float64(c.Markers)), c.Slices, group(float64(r.PerSlice)), c.Batch, c.Runs, group(float64(c.ClaimKeys)),
+		group(float64(c.CurrentKeys)), group(float64(b.Claimed)))
 	fmt.Fprintln(w, "| measure | bloom | idset | bloom vs idset |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|")
 	fmt.Fprintf(w, "| (a) claim throughput, keys/s (median of runs; ratio: median of the runs' ratios) | %s | %s | %.2f× |\n", group(b.Rate), group(i.Rate), r.ClaimRatio)

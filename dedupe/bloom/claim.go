@@ -14,40 +14,6 @@ import (
 	"github.com/effectively-once/effectively/dedupe"
 )
 
-func (s *Strategy) buildSQL() {
-	// One statement probes the (key, slice) pairs the filters could not
-	// rule out and inserts the keys it did not find into the current slice.
-	// A key that conflicts there (another consumer wrote it to the current
-	// slice, which no filter of ours can know) is neither found nor
-	// inserted; conflictSQL then reads its marker.
-	s.claimSQL = `WITH probe AS (
-    SELECT p.scope, p.id, p.slice, m.fingerprint
-    FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS p(scope, id, slice)
-    CROSS JOIN LATERAL (
-        SELECT m.fingerprint FROM ` + s.parent + ` AS m
-        WHERE m.scope = p.scope AND m.id = p.id AND m.slice = p.slice
-        LIMIT 1
-    ) AS m
-), ins AS (
-    INSERT INTO ` + s.parent + ` (scope, id, slice, fingerprint)
-    SELECT k.scope, k.id, $7::timestamptz, k.fingerprint
-    FROM unnest($4::text[], $5::text[], $6::bytea[]) AS k(scope, id, fingerprint)
-    WHERE NOT EXISTS (SELECT 1 FROM probe WHERE probe.scope = k.scope AND probe.id = k.id)
-    ON CONFLICT DO NOTHING
-    RETURNING scope, id
-)
-SELECT false, scope, id, slice, fingerprint FROM probe
-UNION ALL
-SELECT true, scope, id, NULL, NULL FROM ins`
-	s.conflictSQL = `SELECT p.scope, p.id, m.fingerprint
-FROM unnest($1::text[], $2::text[]) AS p(scope, id)
-CROSS JOIN LATERAL (
-    SELECT m.fingerprint FROM ` + s.parent + ` AS m
-    WHERE m.scope = p.scope AND m.id = p.id AND m.slice = $3::timestamptz
-    LIMIT 1
-) AS m`
-}
-
 type pairKey struct {
 	scope, id string
 	slice     int64
@@ -62,12 +28,16 @@ type marker struct {
 	fingerprint []byte
 }
 
+// maxReplans bounds how often a claim plans again because the database
+// clock left the span it planned for (a slice boundary passed while it
+// waited for its locks, or this process's estimate of the clock was off).
+const maxReplans = 8
+
 // Claim decides the verdicts of keys and writes the markers of new keys in
-// tx, with four statements in two round trips whatever the batch size (a
-// fifth, rare one reads the markers of keys another consumer wrote to the
-// current slice): see the package documentation for the protocol. tx must
-// be READ COMMITTED. An invalid key (see dedupe.Validate; ID is required)
-// fails the whole claim with a *dedupe.KeyError naming it.
+// tx, with three statements sent in one round trip whatever the batch size:
+// see the package documentation for the protocol. tx must be READ
+// COMMITTED. An invalid key (see dedupe.Validate; ID is required) fails the
+// whole claim with a *dedupe.KeyError naming it.
 func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]dedupe.Verdict, error) {
 	verdicts := make([]dedupe.Verdict, len(keys))
 	if len(keys) == 0 {
@@ -97,148 +67,61 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 	}
 	slices.Sort(locks) // a fixed order: two batches never deadlock on their keys
 	locks = slices.Compact(locks)
+	in := insertArgs{
+		scope: make([]string, len(uniq)),
+		id:    make([]string, len(uniq)),
+		fp:    make([][]byte, len(uniq)),
+	}
+	for j, i := range uniq {
+		in.scope[j], in.id[j], in.fp[j] = keys[i].Scope, keys[i].ID, keys[i].Fingerprint
+	}
 
-	// Round trip 1: the shared gate (a seal waits for it), the key locks
-	// (a concurrent claimer of one of these keys finishes first), and then
-	// the database clock, which picks the slice this claim writes to.
-	var (
-		iso   string
-		clock time.Time
-	)
+	// One round trip: the shared gate (a seal waits for it), the key locks
+	// (a concurrent claimer of one of these keys finishes first), and the
+	// claim, planned for the slice the database clock is estimated to be
+	// in.
+	p := s.plan(keys, uniq, s.clockEstimate())
 	b := &pgx.Batch{}
-	b.Queue(`SELECT pg_advisory_xact_lock_shared($1)`, s.gateKey)
-	b.Queue(`SELECT pg_advisory_xact_lock(h) FROM unnest($1::bigint[]) AS h`, locks)
-	b.Queue(`SELECT current_setting('transaction_isolation'), clock_timestamp()`).QueryRow(func(row pgx.Row) error {
-		return row.Scan(&iso, &clock)
-	})
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+	b.Queue(gateSQL, s.gateKey)
+	b.Queue(locksSQL, locks)
+	b.Queue(s.claimSQL, p.args(in)...)
+	br := tx.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return nil, fmt.Errorf("bloom: claim: taking the gate: %w", err)
+	}
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
 		return nil, fmt.Errorf("bloom: claim: locking keys: %w", err)
 	}
-	if iso != "read committed" {
-		return nil, fmt.Errorf("%w (the transaction is %s)", ErrIsolation, iso)
+	rows, err := br.Query()
+	res, err := s.readClaim(rows, err, p)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = s.claimErr(cerr, p.target)
 	}
-	target := s.sliceOf(clock)
-
-	// Which (key, slice) pairs need a probe.
-	var (
-		pScope, pID []string
-		pSlice      []time.Time
-		positive    = map[pairKey]bool{} // pairs probed because a sealed filter said "maybe"
-		st          claimStats
-	)
-	from := s.liveFrom(clock)
-	s.filters.mu.RLock()
-	window := s.filters.window(from, target, s.cfg.Slice)
-	for _, i := range uniq {
-		k := keys[i]
-		var locs []uint64
-		for j, sf := range window {
-			t := from.Add(time.Duration(j) * s.cfg.Slice)
-			isTarget := j == len(window)-1
-			if s.cfg.DisableFilter || sf == nil || !sf.sealed {
-				if isTarget {
-					// The insert finds the current slice's markers by its
-					// unique index; an open filter's positive saves the
-					// extra read of a conflict.
-					if f := filterOf(sf, k.Scope, s.cfg.DisableFilter); f != nil {
-						if locs == nil {
-							locs = bloom.Locations([]byte(k.ID), s.k)
-						}
-						if f.TestLocations(locs) {
-							pScope, pID, pSlice = append(pScope, k.Scope), append(pID, k.ID), append(pSlice, t)
-						}
-					}
-					continue
-				}
-				pScope, pID, pSlice = append(pScope, k.Scope), append(pID, k.ID), append(pSlice, t)
-				continue
-			}
-			f := sf.byScope[k.Scope]
-			if f != nil {
-				if locs == nil {
-					locs = bloom.Locations([]byte(k.ID), s.k)
-				}
-				st.tests++
-				if f.TestLocations(locs) {
-					st.positives++
-					positive[pairKey{k.Scope, k.ID, t.Unix()}] = true
-					pScope, pID, pSlice = append(pScope, k.Scope), append(pID, k.ID), append(pSlice, t)
-					continue
-				}
-				st.saved++
-			}
-		}
-	}
-	s.filters.mu.RUnlock()
-	st.probes = int64(len(pScope))
-
-	// Round trip 2: probe and insert.
-	iScope := make([]string, len(uniq))
-	iID := make([]string, len(uniq))
-	iFP := make([][]byte, len(uniq))
-	for j, i := range uniq {
-		iScope[j], iID[j], iFP[j] = keys[i].Scope, keys[i].ID, keys[i].Fingerprint
-	}
-	marks := make(map[scopeID]*marker, len(uniq))
-	rows, err := tx.Query(ctx, s.claimSQL, pScope, pID, pSlice, iScope, iID, iFP, target)
 	if err != nil {
-		return nil, s.claimErr(err, target)
+		return nil, err
 	}
-	for rows.Next() {
-		var (
-			inserted  bool
-			scope, id string
-			slice     *time.Time
-			fp        []byte
-		)
-		if err := rows.Scan(&inserted, &scope, &id, &slice, &fp); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("bloom: claim: %w", err)
+	// Rare: the clock was outside the planned span (a boundary passed, or
+	// the estimate was off); the statement did nothing. Plan again from the
+	// clock it read, under the same locks.
+	for tries := 0; !res.ran; tries++ {
+		if !res.rc {
+			return nil, fmt.Errorf("%w (the transaction is %s)", ErrIsolation, isolationOf(ctx, tx))
 		}
-		u := scopeID{scope, id}
-		if inserted {
-			marks[u] = &marker{inserted: true}
-			continue
+		if tries == maxReplans {
+			return nil, fmt.Errorf("bloom: claim: the database clock left the planned slice %d times in a row", tries)
 		}
-		if positive[pairKey{scope, id, slice.Unix()}] {
-			st.confirmed++
-		}
-		if _, ok := marks[u]; !ok {
-			marks[u] = &marker{found: true, fingerprint: fp}
+		p = s.plan(keys, uniq, res.now)
+		rows, err := tx.Query(ctx, s.claimSQL, p.args(in)...)
+		if res, err = s.readClaim(rows, err, p); err != nil {
+			return nil, err
 		}
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, s.claimErr(err, target)
-	}
-
-	// Round trip 3, rare: keys that conflicted in the current slice.
-	var cScope, cID []string
-	for _, i := range uniq {
-		if marks[scopeID{keys[i].Scope, keys[i].ID}] == nil {
-			cScope, cID = append(cScope, keys[i].Scope), append(cID, keys[i].ID)
-		}
-	}
-	if len(cScope) > 0 {
-		st.conflicts = int64(len(cScope))
-		rows, err := tx.Query(ctx, s.conflictSQL, cScope, cID, target)
-		if err != nil {
-			return nil, fmt.Errorf("bloom: claim: reading conflicting markers: %w", err)
-		}
-		for rows.Next() {
-			var scope, id string
-			var fp []byte
-			if err := rows.Scan(&scope, &id, &fp); err != nil {
-				rows.Close()
-				return nil, fmt.Errorf("bloom: claim: %w", err)
-			}
-			marks[scopeID{scope, id}] = &marker{found: true, fingerprint: fp}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("bloom: claim: reading conflicting markers: %w", err)
-		}
-	}
+	marks, st := res.marks, p.st
+	st.probes = int64(len(p.scope))
+	st.confirmed = res.confirmed
+	st.conflicts = res.held
 
 	// Verdicts, in order; a repeat compares with the marker its first
 	// occurrence found or wrote.
@@ -270,9 +153,177 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 	st.keys = int64(len(keys))
 	s.stats.add(st)
 	if !s.cfg.DisableFilter {
-		s.written.note(fresh, target.Unix())
+		s.written.note(fresh, p.target.Unix())
 	}
 	return verdicts, nil
+}
+
+// insertArgs are the distinct keys of a claim, as claimSQL's arrays.
+type insertArgs struct {
+	scope, id []string
+	fp        [][]byte
+}
+
+// claimPlan is what the filters decided for one estimate of the database
+// clock: the target slice, the span of clocks for which the plan holds,
+// and the (key, slice) pairs to probe.
+type claimPlan struct {
+	target, lo, hi time.Time
+	scope, id      []string
+	slice          []time.Time
+	positive       map[pairKey]bool // pairs probed because a sealed filter said "maybe"
+	st             claimStats
+}
+
+func (p *claimPlan) args(in insertArgs) []any {
+	return []any{p.scope, p.id, p.slice, in.scope, in.id, in.fp, p.target, p.lo, p.hi}
+}
+
+// plan decides which (key, slice) pairs need a probe if the database clock
+// reads now. The plan holds for every clock in [lo, hi): the same target
+// slice and the same oldest live slice.
+func (s *Strategy) plan(keys []dedupe.Key, uniq []int, now time.Time) *claimPlan {
+	target := s.sliceOf(now)
+	from := s.liveFrom(now)
+	p := &claimPlan{
+		target:   target,
+		lo:       maxTime(target, from.Add(s.cfg.Retention)),
+		hi:       minTime(target.Add(s.cfg.Slice), from.Add(s.cfg.Retention+s.cfg.Slice)),
+		positive: map[pairKey]bool{},
+	}
+	s.filters.mu.RLock()
+	defer s.filters.mu.RUnlock()
+	window := s.filters.window(from, target, s.cfg.Slice)
+	probe := func(k dedupe.Key, t time.Time) {
+		p.scope, p.id, p.slice = append(p.scope, k.Scope), append(p.id, k.ID), append(p.slice, t)
+	}
+	for _, i := range uniq {
+		k := keys[i]
+		var locs []uint64
+		for j, sf := range window {
+			t := from.Add(time.Duration(j) * s.cfg.Slice)
+			isTarget := j == len(window)-1
+			if s.cfg.DisableFilter || sf == nil || !sf.sealed {
+				if isTarget {
+					// The insert finds the current slice's markers by its
+					// unique index; an open filter's positive saves the
+					// read of a conflict.
+					if f := filterOf(sf, k.Scope, s.cfg.DisableFilter); f != nil {
+						if locs == nil {
+							locs = bloom.Locations([]byte(k.ID), s.k)
+						}
+						if f.TestLocations(locs) {
+							probe(k, t)
+						}
+					}
+					continue
+				}
+				probe(k, t)
+				continue
+			}
+			f := sf.byScope[k.Scope]
+			if f != nil {
+				if locs == nil {
+					locs = bloom.Locations([]byte(k.ID), s.k)
+				}
+				p.st.tests++
+				if f.TestLocations(locs) {
+					p.st.positives++
+					p.positive[pairKey{k.Scope, k.ID, t.Unix()}] = true
+					probe(k, t)
+					continue
+				}
+				p.st.saved++
+			}
+		}
+	}
+	return p
+}
+
+// claimResult is what one execution of claimSQL reported.
+type claimResult struct {
+	ran, rc   bool
+	now       time.Time
+	marks     map[scopeID]*marker
+	confirmed int64 // positives whose marker the probe found
+	held      int64 // keys whose marker the target slice already held
+}
+
+// readClaim reads the rows of claimSQL run with plan p, and learns the
+// database clock from them.
+func (s *Strategy) readClaim(rows pgx.Rows, err error, p *claimPlan) (claimResult, error) {
+	if err != nil {
+		return claimResult{}, s.claimErr(err, p.target)
+	}
+	defer rows.Close()
+	res := claimResult{marks: map[scopeID]*marker{}}
+	clock := false
+	for rows.Next() {
+		r, err := scanClaimRow(rows)
+		if err != nil {
+			return claimResult{}, fmt.Errorf("bloom: claim: %w", err)
+		}
+		switch r.kind {
+		case rowClock:
+			clock = true
+			res.now, res.rc, res.ran = *r.now, *r.rc, *r.run
+		case rowInserted:
+			res.marks[scopeID{*r.scope, *r.id}] = &marker{inserted: true}
+		case rowFound, rowHeld:
+			u := scopeID{*r.scope, *r.id}
+			if r.kind == rowHeld {
+				res.held++
+			} else if p.positive[pairKey{u.scope, u.id, r.slice.Unix()}] {
+				res.confirmed++
+			}
+			if _, ok := res.marks[u]; !ok {
+				res.marks[u] = &marker{found: true, fingerprint: r.fp}
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return claimResult{}, s.claimErr(err, p.target)
+	}
+	if !clock {
+		return claimResult{}, errors.New("bloom: claim: the claim statement returned no clock")
+	}
+	s.learnClock(res.now)
+	return res, nil
+}
+
+// clockEstimate is this process's estimate of the database clock.
+func (s *Strategy) clockEstimate() time.Time {
+	return time.Now().Add(time.Duration(s.clockOffset.Load()))
+}
+
+// learnClock records how far the database clock, read just now, is from
+// the local one. The estimate only picks the slice a claim plans for; a
+// wrong one costs a second round trip, never a wrong verdict.
+func (s *Strategy) learnClock(db time.Time) {
+	s.clockOffset.Store(int64(db.Sub(time.Now())))
+}
+
+// isolationOf names tx's isolation level for an error message.
+func isolationOf(ctx context.Context, tx pgx.Tx) string {
+	var iso string
+	if err := tx.QueryRow(ctx, `SELECT current_setting('transaction_isolation')`).Scan(&iso); err != nil {
+		return "not read committed"
+	}
+	return iso
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 func filterOf(sf *sliceFilter, scope string, disabled bool) *bloom.BloomFilter {

@@ -35,15 +35,17 @@
 // The current slice is different: every consumer writes to it, so no
 // process's filter of it can be complete. Its markers are found by the
 // insert itself: the unique index of the current partition turns a second
-// marker for a key into a conflict, after which one more statement reads
-// the existing marker's fingerprint. The process's own filter of the
-// current slice (fed by Committed, sized from Config.ExpectedKeysPerSlice)
-// is only a hint that sends likely duplicates to the probe to save that
-// read. Committed adds keys after their transaction committed, to the
-// filter of the slice their own claim wrote them to (claims of several
-// lanes may straddle a boundary); adding them at claim time would be just
-// as safe, since a positive only costs a probe, but a rolled-back claim
-// would then send its keys' redeliveries to needless probes.
+// marker for a key into a conflict, and the same statement then reads the
+// existing marker's fingerprint. The process's own filter of the current
+// slice (fed by Committed, sized from Config.ExpectedKeysPerSlice) is only
+// a hint that probes likely duplicates before the insert, sparing them the
+// conflict; size it for the slice's traffic, since an overfilled filter
+// answers "maybe" for most new keys and each such answer costs a probe.
+// Committed adds keys after their transaction committed, to the filter of
+// the slice their own claim wrote them to (claims of several lanes may
+// straddle a boundary); adding them at claim time would be just as safe,
+// since a positive only costs a probe, but a rolled-back claim would then
+// send its keys' redeliveries to needless probes.
 //
 // A slice that has closed but is not sealed yet (just after a boundary,
 // before maintenance ran, or before Warm) is probed for every key; this is
@@ -57,14 +59,26 @@
 //
 // # Claiming a batch
 //
-// Claim takes, in one round trip: the gate lock, a transaction-level
-// advisory lock that every claim holds shared and a seal takes exclusively;
-// one transaction-level advisory lock per distinct key (a hash of table,
-// scope and id), taken in one statement in sorted order, so two batches
-// never deadlock; and then the database clock, which picks the slice the
-// new markers go to. In a second round trip one statement probes the
-// (key, slice) pairs the filters could not rule out and inserts the other
-// keys into the current slice, with ON CONFLICT DO NOTHING. Repeats within
+// Claim sends three statements in one round trip (a pgx.Batch, which
+// PostgreSQL runs one after the other): it takes the gate lock, a
+// transaction-level advisory lock that every claim holds shared and a seal
+// takes exclusively; then one transaction-level advisory lock per distinct
+// key (a hash of table, scope and id), in one statement in sorted order, so
+// two batches never deadlock; then the claim statement. That statement
+// reads the database clock, which picks the slice the new markers go to,
+// probes the (key, slice) pairs the filters could not rule out, inserts the
+// other keys into the current slice with ON CONFLICT DO NOTHING, and reads
+// the markers of the keys that conflicted there. Which pairs to probe is
+// decided before the clock is read, from this process's estimate of the
+// database clock, so the statement also receives the span of clocks the
+// plan holds for (the same current slice and the same oldest live slice),
+// and does nothing but report the clock when the clock is outside it; Claim
+// then plans again from that clock and sends the claim statement once
+// more, under the locks it already holds. That happens when a slice
+// boundary passes while a claim waits for its locks, when the oldest live
+// slice changes within a slice (Retention not a multiple of Slice), or
+// after a jump of either clock; it costs a round trip, never a wrong
+// verdict. Repeats within
 // the batch are resolved in Go: the first occurrence decides, later ones are
 // duplicates, or mismatches when their fingerprint differs from the marker.
 //
@@ -73,7 +87,8 @@
 // Two transactions claiming one key never both get VerdictNew, even when
 // they run in different processes whose filters differ and a slice boundary
 // falls between them: the second waits on the key's advisory lock until the
-// first commits or rolls back, and only then reads the clock and probes, in
+// first commits or rolls back, and only then reads the clock and probes,
+// in the claim statement, which starts after the locks are held and so takes
 // a new READ COMMITTED snapshot that sees the first one's marker, whichever
 // partition it went to. (Within one slice the unique index alone would
 // serialise them; across a boundary, where the two markers would go to

@@ -42,7 +42,7 @@ type Strategy struct {
 	k        uint // hash functions per filter, shared by every filter
 
 	claimSQL    string
-	conflictSQL string
+	clockOffset atomic.Int64 // database clock minus local clock, in ns, as last seen
 
 	filters filterSet
 	sealMu  sync.Mutex // one seal or warm-up at a time

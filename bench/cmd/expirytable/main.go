@@ -4,7 +4,7 @@
 // slice, the throughput while a slice expires, and the filters' memory and
 // false-positive rate.
 //
-//	go run ./bench/cmd/expirytable [-markers 10000000] [-runs 7] [-claim 100000]
+//	go run ./bench/cmd/expirytable [-markers 10000000] [-runs 7] [-claim 100000] [-current-keys 1400000]
 //
 // It starts a throwaway PostgreSQL with fsync on (as production runs) unless
 // DATABASE_URL names a database to use; that database's expiry_bench schema
@@ -31,6 +31,7 @@ func main() {
 	flag.IntVar(&cfg.Slices, "slices", 7, "retention in (daily) slices")
 	flag.IntVar(&cfg.Batch, "batch", 500, "new keys per claiming transaction")
 	flag.IntVar(&cfg.ClaimKeys, "claim", 100_000, "new keys per strategy per throughput run")
+	flag.IntVar(&cfg.CurrentKeys, "current-keys", 0, "keys bloom's filter of the current slice is sized for (default 2 × runs × claim)")
 	flag.IntVar(&cfg.Runs, "runs", 7, "interleaved throughput runs; the median is reported")
 	flag.DurationVar(&cfg.Steady, "steady", 3*time.Second, "claim time before an expiry starts and after its window (the steady state)")
 	flag.Parse()
