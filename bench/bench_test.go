@@ -3,6 +3,7 @@ package bench_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/effectively-once/effectively/bench"
@@ -54,6 +55,21 @@ func TestVariantsAgree(t *testing.T) {
 		}
 		if ledger != 700 || markers != 700 {
 			t.Errorf("%s batch %d: %d ledger rows, %d markers; want 700 each", v.Name, v.Batch, ledger, markers)
+		}
+	}
+}
+
+// TestLanesTable runs the lanes table small, so that its command keeps
+// working: every run checks its ledger's row count.
+func TestLanesTable(t *testing.T) {
+	var out, log strings.Builder
+	opts := bench.LanesOptions{Lanes: []int{1, 3}, Messages: 1200, Runs: 1, SynchronousCommit: []string{"on", "off"}}
+	if err := bench.LanesTable(context.Background(), pgtest.URL(t), opts, &out, &log); err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	for _, want := range []string{"| 3 | engine, QueueHandler |", "| 3 | raw: unnest markers + effects |", "| 1 | engine, BatchHandler |"} {
+		if strings.Count(out.String(), want) != 3 { // two settings' tables and their comparison
+			t.Errorf("table has not three rows %q:\n%s", want, out.String())
 		}
 	}
 }
