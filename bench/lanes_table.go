@@ -233,7 +233,7 @@ func lanesOnce(ctx context.Context, url string, probe *Probe, opts LanesOptions,
 	var elapsed time.Duration
 	use, waits, err := probe.Measure(ctx, opts.SampleEvery,
 		func() (err error) { elapsed, err = run(); return err },
-		func() error { pool.Reset(); return probe.WaitGone(ctx) })
+		func() error { return probe.EndConns(ctx, pool.Reset) })
 	if err != nil {
 		return lanesRun{}, err
 	}

@@ -54,23 +54,44 @@ func NewProbe(ctx context.Context, url string) (*Probe, error) {
 	return p, nil
 }
 
-// WaitGone waits until the database has no client backend but the probe's.
-func (p *Probe) WaitGone(ctx context.Context) error {
-	for {
-		var n int
-		if err := p.conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
-			return err
-		}
-		if n == 0 {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
+// EndConns runs end, which should close the measured connections, and
+// waits until their backends have exited and the postmaster has reaped
+// them: a backend reports its WAL counters as it exits, and its CPU time
+// moves to the postmaster's reaped children only once it is reaped.
+func (p *Probe) EndConns(ctx context.Context, end func()) error {
+	rows, err := p.conn.Query(ctx, `SELECT pid FROM pg_stat_activity
+WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()`)
+	if err != nil {
+		return err
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		return err
+	}
+	end()
+	for _, pid := range pids {
+		for {
+			if p.postmaster > 1 {
+				if st, ok := procStat(pid); !ok || st.ppid != p.postmaster {
+					break // reaped (or its pid taken by another process)
+				}
+			} else { // a server elsewhere: wait for its backend to go
+				var n int
+				if err := p.conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n); err != nil {
+					return err
+				}
+				if n == 0 {
+					break
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(2 * time.Millisecond):
+			}
 		}
 	}
+	return nil
 }
 
 // Close closes the probe's connection.
