@@ -158,9 +158,9 @@ func find(results []*lanesResult, lanes int, commit, variant string) *lanesResul
 }
 
 func writeLanesTable(out io.Writer, opts LanesOptions, results []*lanesResult, commit string) {
-	fmt.Fprintf(out, "\nsynchronous_commit=%s. CPU columns are CPU time per message (this process; the server's processes); busy is (Go + server CPU) / wall in cores; others is the cores the machine's other processes used meanwhile; idle is the machine's idle share; syncs is WAL fsyncs per batch (pg_stat_wal.wal_sync), sync is fsync time / wall; waits are sampled from pg_stat_activity, share of non-idle backend samples.\n\n", commit)
-	fmt.Fprintln(out, "| lanes | variant | msgs/s | × 1 lane | % of raw | Go µs/msg | PG µs/msg | busy | others | idle | syncs/batch | sync | top waits |")
-	fmt.Fprintln(out, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+	fmt.Fprintf(out, "\nsynchronous_commit=%s. CPU columns are CPU time per message (this process; the server's processes); busy is (Go + server CPU) / wall in cores, and per core is msgs/s / busy, the rate per core of CPU the run got (on a shared machine, steadier than msgs/s); others is the cores the machine's other processes used meanwhile; idle is the machine's idle share; syncs is WAL fsyncs per batch (pg_stat_wal.wal_sync), sync is fsync time / wall; waits are sampled from pg_stat_activity, share of non-idle backend samples.\n\n", commit)
+	fmt.Fprintln(out, "| lanes | variant | msgs/s | × 1 lane | % of raw | Go µs/msg | PG µs/msg | busy | per core | others | idle | syncs/batch | sync | top waits |")
+	fmt.Fprintln(out, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 	for _, r := range results {
 		if r.commit != commit {
 			continue
@@ -175,9 +175,9 @@ func writeLanesTable(out io.Writer, opts LanesOptions, results []*lanesResult, c
 			pg = "n/a"
 		}
 		batches := float64(opts.Messages) / float64(opts.Batch)
-		fmt.Fprintf(out, "| %d | %s | %.0f | %.2f× | %.0f%% | %.1f | %s | %.2f | %.2f | %.0f%% | %.2f | %.0f%% | %s |\n",
+		fmt.Fprintf(out, "| %d | %s | %.0f | %.2f× | %.0f%% | %.1f | %s | %.2f | %.0f | %.2f | %.0f%% | %.2f | %.0f%% | %s |\n",
 			r.lanes, r.variant, m.rate, m.rate/one.rate, 100*m.rate/raw.rate,
-			perMsg(m.use.GoCPU, opts.Messages), pg, busy, max(0, (1-m.use.Idle)*float64(runtime.NumCPU())-busy), 100*m.use.Idle,
+			perMsg(m.use.GoCPU, opts.Messages), pg, busy, m.rate/busy, max(0, (1-m.use.Idle)*float64(runtime.NumCPU())-busy), 100*m.use.Idle,
 			float64(m.use.WALSyncs)/batches, m.use.WALSyncMS/10/elapsed.Seconds(),
 			strings.Join(m.waits.Top(3), ", "))
 	}
