@@ -70,6 +70,11 @@ bench-expiry:
 bench-outbox:
 	$(GO) run ./bench/cmd/outboxtable
 
+## bench-lanes: each handler shape and raw SQL at 1, 2, 4 and 8 lanes, with CPU, WAL fsync and wait events per row (see BENCHMARKS.md; LANES_FLAGS e.g. -synchronous-commit on,off -runs 5)
+.PHONY: bench-lanes
+bench-lanes:
+	$(GO) run ./bench/cmd/lanestable $(LANES_FLAGS)
+
 ## bench-peers: this library's Kafka pipeline beside Watermill and a hand-written kafka-go consumer, throughput and a kill -9 between commit and ack (bench/peers, its own module; a few minutes; PEERS_FLAGS e.g. -scale 0.5 -runs 5)
 .PHONY: bench-peers
 bench-peers:

@@ -125,8 +125,16 @@ func Naive(ctx context.Context, pool *pgxpool.Pool, n, _ int) (time.Duration, er
 // statements per transaction and nothing else: the limit for this schema.
 func Raw(ctx context.Context, pool *pgxpool.Pool, n, batch int) (time.Duration, error) {
 	start := time.Now()
-	for lo := 0; lo < n; lo += batch {
-		hi := min(lo+batch, n)
+	if err := raw(ctx, pool, 0, n, batch); err != nil {
+		return 0, err
+	}
+	return time.Since(start), nil
+}
+
+// raw writes the rows of messages from up to end as Raw does.
+func raw(ctx context.Context, pool *pgxpool.Pool, from, end, batch int) error {
+	for lo := from; lo < end; lo += batch {
+		hi := min(lo+batch, end)
 		scopes := make([]string, 0, hi-lo)
 		ids := make([]string, 0, hi-lo)
 		fps := make([][]byte, 0, hi-lo)
@@ -150,10 +158,10 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`, ids, accounts, amou
 			return err
 		})
 		if err != nil {
-			return 0, err
+			return err
 		}
 	}
-	return time.Since(start), nil
+	return nil
 }
 
 type transfer struct {
@@ -195,31 +203,58 @@ var queueTransfer = consumer.JSONQueue(func(ctx context.Context, q consumer.Queu
 // engine runs the consumer configured by handler on one lane with the
 // idset strategy, until it has applied n messages.
 func engine(ctx context.Context, pool *pgxpool.Pool, n, batch int, handler func(*consumer.Config)) (time.Duration, error) {
-	broker := consumertest.New(consumertest.Config{Lanes: 1})
+	p, err := prepare(pool, n, batch, 1, handler)
+	if err != nil {
+		return 0, err
+	}
+	return p.Run(ctx)
+}
+
+// Prepared is a consumer with its messages published on the test broker,
+// ready to Run: what it measures is the consumer alone.
+type Prepared struct {
+	pool   *pgxpool.Pool
+	c      *consumer.Consumer
+	broker *consumertest.Broker
+	n      int
+}
+
+// prepare publishes n messages over lanes lanes (message i on lane i mod
+// lanes) and makes a consumer with the idset strategy that runs lanes
+// batches at once, configured by handler.
+func prepare(pool *pgxpool.Pool, n, batch, lanes int, handler func(*consumer.Config)) (*Prepared, error) {
+	broker := consumertest.New(consumertest.Config{Lanes: lanes})
 	for i := range n {
 		id, _, _, payload := message(i)
-		broker.Publish(0, consumer.Message{ID: id, Value: payload})
+		broker.Publish(i%lanes, consumer.Message{ID: id, Value: payload})
 	}
 	strategy, err := idset.New(idset.Config{})
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	cfg := consumer.Config{Name: "bench", Strategy: strategy, BatchSize: batch, Concurrency: 1}
+	cfg := consumer.Config{Name: "bench", Strategy: strategy, BatchSize: batch, Concurrency: lanes}
 	handler(&cfg)
 	c, err := consumer.New(pool, broker, cfg)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	elapsed, err := runUntilIdle(ctx, c, broker)
+	return &Prepared{pool: pool, c: c, broker: broker, n: n}, nil
+}
+
+// Run runs the consumer until the broker has delivered and settled every
+// message, checks that the ledger has one row per message, and returns how
+// long the run took.
+func (p *Prepared) Run(ctx context.Context) (time.Duration, error) {
+	elapsed, err := runUntilIdle(ctx, p.c, p.broker)
 	if err != nil {
 		return 0, err
 	}
 	var rows int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM ledger`).Scan(&rows); err != nil {
+	if err := p.pool.QueryRow(ctx, `SELECT count(*) FROM ledger`).Scan(&rows); err != nil {
 		return 0, err
 	}
-	if rows != n {
-		return 0, fmt.Errorf("ledger has %d rows after %d messages", rows, n)
+	if rows != p.n {
+		return 0, fmt.Errorf("ledger has %d rows after %d messages", rows, p.n)
 	}
 	return elapsed, nil
 }

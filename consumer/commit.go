@@ -213,12 +213,15 @@ func (e *IdleTxError) Unwrap() error { return e.Err }
 func (c *Consumer) commit(ctx context.Context, tx pgx.Tx, b *Batch, items []*item, st *BatchStats) error {
 	t := time.Now()
 	var park []parkRow
-	var ack []*Message
+	var ack []*Message // only a transactional source is told of them
+	if c.txsrc != nil {
+		ack = make([]*Message, 0, len(items))
+	}
 	for _, it := range items {
 		if it.outcome == OutcomeParked {
 			park = append(park, parkRow{it: it, reason: it.reason, err: it.err, hasMarker: it.hasMarker})
 		}
-		if it.outcome != OutcomeRetried {
+		if it.outcome != OutcomeRetried && c.txsrc != nil {
 			ack = append(ack, it.m)
 		}
 	}
@@ -235,8 +238,8 @@ func (c *Consumer) commit(ctx context.Context, tx pgx.Tx, b *Batch, items []*ite
 	}
 	st.Commit += time.Since(t)
 	if c.committer != nil {
-		var keys []dedupe.Key
-		var verdicts []dedupe.Verdict
+		keys := make([]dedupe.Key, 0, len(items))
+		verdicts := make([]dedupe.Verdict, 0, len(items))
 		for _, it := range items {
 			if it.verdict == 0 || it.verdict == dedupe.VerdictGap || it.outcome == OutcomeRetried {
 				continue

@@ -63,8 +63,10 @@ func (kr keyer) call(m *Message) (k dedupe.Key, err error) {
 // reason it has none, and how many of its deliveries were real attempts.
 func (c *Consumer) deriveKeys(msgs []*Message) []*item {
 	items := make([]*item, len(msgs))
+	slab := make([]item, len(msgs)) // one allocation for the batch's items
 	for i, m := range msgs {
-		it := &item{m: m, idx: i}
+		it := &slab[i]
+		it.m, it.idx = m, i
 		it.key, it.keyErr = c.keys.key(m)
 		m.DedupeKey = it.key
 		it.tries = c.waits.failures(m)

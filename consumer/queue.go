@@ -110,21 +110,40 @@ type msgQueue struct {
 	// done is set once the message's statements were all sent and read:
 	// a statement queued later could never run.
 	done bool
+	// first and slots hold the first statement and the first entries of
+	// pending, so that a message that queues a statement or two costs no
+	// allocation beyond its msgQueue.
+	first     pgx.QueuedQuery
+	firstUsed bool
+	slots     [2]*pgx.QueuedQuery
 }
 
 func (q *msgQueue) Queue(sql string, args ...any) *pgx.QueuedQuery {
 	if q.done {
 		panic("consumer: Queue called after the message's statements were sent; queue statements only in the QueueHandler or in a callback of one of its statements")
 	}
-	qq := &pgx.QueuedQuery{SQL: sql, Arguments: args}
+	qq := &q.first
+	if q.firstUsed {
+		qq = new(pgx.QueuedQuery)
+	}
+	q.firstUsed = true
+	*qq = pgx.QueuedQuery{SQL: sql, Arguments: args}
+	if q.pending == nil {
+		q.pending = q.slots[:0]
+	}
 	q.pending = append(q.pending, qq)
 	return qq
 }
 
 // callQueue runs the QueueHandler for one message and returns its queue,
 // turning a panic into a *PanicError.
-func callQueue(ctx context.Context, h QueueHandler, m *Message) (q *msgQueue, err error) {
-	q = &msgQueue{}
+func callQueue(ctx context.Context, h QueueHandler, m *Message) (*msgQueue, error) {
+	q := &msgQueue{}
+	return q, callQueueIn(ctx, h, m, q)
+}
+
+// callQueueIn is callQueue with the queue given, a new one.
+func callQueueIn(ctx context.Context, h QueueHandler, m *Message, q *msgQueue) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = &PanicError{Value: r, Stack: debug.Stack()}
@@ -133,5 +152,5 @@ func callQueue(ctx context.Context, h QueueHandler, m *Message) (q *msgQueue, er
 			q.done = true // its statements are dropped
 		}
 	}()
-	return q, h(ctx, q, m)
+	return h(ctx, q, m)
 }

@@ -233,12 +233,14 @@ func (r row) Scan(dest ...any) error {
 // (errHandlerFailed), recorded on the message it is attributed to.
 func (c *Consumer) handleQueued(ctx context.Context, tx pgx.Tx, news []*item, merge bool) (slow []*item, err error) {
 	t := time.Now()
-	run := news[:0:0]
+	run := make([]*item, 0, len(news))
 	qs := make([]*msgQueue, 0, len(news))
+	slab := make([]msgQueue, len(news)) // one allocation for the batch's queues
 	again := false
-	for _, it := range news {
+	for i, it := range news {
 		it.runs++
-		q, herr := callQueue(ctx, c.cfg.QueueHandler, it.m)
+		q := &slab[i]
+		herr := callQueueIn(ctx, c.cfg.QueueHandler, it.m, q)
 		switch {
 		case herr == nil:
 			run, qs = append(run, it), append(qs, q)

@@ -52,8 +52,14 @@ func msgRef(m *Message) string {
 // failures returns how many of m's deliveries (this one included) were
 // actual attempts, not waits.
 func (w *waits) failures(m *Message) int {
+	if m.Attempt <= 1 {
+		return 1 // a first delivery has waited for nothing
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if len(w.waited) == 0 {
+		return m.Attempt
+	}
 	n := m.Attempt - w.waited[msgRef(m)]
 	return max(n, 1)
 }
@@ -83,7 +89,7 @@ func (w *waits) settled(items []*item, sequenced bool) {
 	for _, it := range items {
 		if it.outcome == OutcomeRetried && it.waiting {
 			w.waited[msgRef(it.m)]++
-		} else if it.outcome != OutcomeRetried {
+		} else if it.outcome != OutcomeRetried && len(w.waited) > 0 {
 			delete(w.waited, msgRef(it.m))
 		}
 		if !sequenced || it.keyErr != nil || it.key.Sender == "" {
