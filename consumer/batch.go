@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/jackc/pgx/v5"
 )
 
 // One batch, stage by stage (see docs/architecture.md):
@@ -194,27 +195,34 @@ func (c *Consumer) pass(ctx context.Context, b *Batch, items []*item, st *BatchS
 	}
 	idle, err := c.handleAll(ctx, tx, c.parkDecided(news), st, mode)
 	if err != nil {
-		return err
+		return c.blameIdle(tx, idle, err)
 	}
 	if len(slow) > 0 {
 		if err := c.isolate(ctx, &isolation{tx: tx, st: st, gate: g, check: mode.check}, slow); err != nil {
 			return err
 		}
 	}
-	err = c.commit(ctx, tx, b, items, st)
-	if err != nil && len(idle) > 0 {
-		if conn := tx.Conn(); conn != nil && conn.IsClosed() {
-			// The server most likely ended the session while a handler
-			// kept the transaction idle: the handler's failure, which
-			// counts as an attempt (a redelivery as an unknown outcome
-			// would meet the same end for ever).
-			for _, it := range idle {
-				c.recordFailure(it, &IdleTxError{Timeout: c.cfg.IdleTxTimeout, Err: err})
-			}
-			return errHandlerFailed
-		}
+	return c.blameIdle(tx, idle, c.commit(ctx, tx, b, items, st))
+}
+
+// blameIdle turns err, when tx's connection was lost after handlers in
+// idle kept the transaction idle for longer than the idle timeout, into
+// their failure: the server most likely ended the session
+// (idle_in_transaction_session_timeout), which counts as an attempt of
+// theirs (a redelivery as a lost connection or an unknown outcome would
+// meet the same end for ever).
+func (c *Consumer) blameIdle(tx pgx.Tx, idle []*item, err error) error {
+	var ue *UnavailableError
+	if err == nil || len(idle) == 0 || errors.Is(err, errHandlerFailed) || errors.As(err, &ue) {
+		return err
 	}
-	return err
+	if conn := tx.Conn(); conn == nil || !conn.IsClosed() {
+		return err
+	}
+	for _, it := range idle {
+		c.recordFailure(it, &IdleTxError{Timeout: c.idleTx, Err: err})
+	}
+	return errHandlerFailed
 }
 
 // failedFrom is where the second pass starts isolating: after the one

@@ -91,13 +91,15 @@ func commitTx(ctx context.Context, tx pgx.Tx) error {
 }
 
 // transientCode reports SQLSTATEs that fail a transaction through no fault of
-// its content.
+// its content. At COMMIT, a query_canceled (57014) is a cancel request:
+// PostgreSQL stops the statement_timeout clock before COMMIT runs the
+// deferred triggers, so it is never that timeout.
 func transientCode(code string) bool {
 	switch code {
 	case "40001", // serialization_failure
 		"40P01", // deadlock_detected
 		"55P03", // lock_not_available
-		"57014": // query_canceled (statement_timeout)
+		"57014": // query_canceled: a cancel request
 		return true
 	}
 	switch code[:min(2, len(code))] {
@@ -108,6 +110,53 @@ func transientCode(code string) bool {
 	}
 	return false
 }
+
+// idleErr is the failure recorded for a handler call that returned err
+// after lasting longer than idle, when tx's connection is gone: the server
+// most likely ended the session because the call kept the transaction idle
+// (idle_in_transaction_session_timeout); the client often sees only a
+// broken pipe.
+func idleErr(tx pgx.Tx, err error, took, idle time.Duration) error {
+	if idle <= 0 || took <= idle {
+		return err
+	}
+	if conn := tx.Conn(); conn != nil && conn.IsClosed() {
+		return &IdleTxError{Timeout: idle, Err: err}
+	}
+	return err
+}
+
+// unavailableCode reports SQLSTATEs that say the database as a whole cannot
+// take a batch now, as during a primary switch: the batch is abandoned and
+// delivered again after a backoff, with no attempt counted.
+func unavailableCode(code string) bool {
+	switch code {
+	case "25006", // read_only_sql_transaction: a standby, or a primary made read-only
+		"57P01", // admin_shutdown
+		"57P02", // crash_shutdown
+		"57P03", // cannot_connect_now: the database system is starting up
+		"53300", // too_many_connections
+		"53100": // disk_full
+		return true
+	}
+	return strings.HasPrefix(code, "08") // connection_exception
+}
+
+// UnavailableError is the error that abandons a batch when a handler's
+// statement found the database unable to take it (read-only, starting up,
+// shutting down, out of connections or disk, the connection lost), as
+// during a primary switch. The batch is rolled back and delivered again
+// after a backoff, no attempt of its messages is counted, and none is
+// parked for it. BatchStats.Err holds it.
+type UnavailableError struct {
+	Err error
+}
+
+func (e *UnavailableError) Error() string {
+	return "database unavailable, batch delivered again: " + e.Err.Error()
+}
+
+func (e *UnavailableError) Unwrap() error { return e.Err }
 
 // checkDeferred runs the deferred constraints and constraint triggers on
 // what the transaction has written so far, the checks COMMIT would run, and
@@ -148,7 +197,16 @@ func (e *CommitCheckError) Unwrap() error { return e.Err }
 // (the client often sees only a broken pipe): that is the handler's
 // failure, and counts as an attempt, or a handler that always waits that
 // long would be retried for ever.
+//
+// A database that cannot take the batch now (see unavailableCode: a
+// read-only server after a switch, one starting up or shutting down, a
+// connection lost, no connection slot left) is no fault of the message
+// either, whatever the handler's call took.
 func connLost(tx pgx.Tx, err error, took, idle time.Duration) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && unavailableCode(pe.Code) {
+		return &UnavailableError{Err: err}
+	}
 	if idle > 0 && took > idle {
 		return nil
 	}
@@ -202,7 +260,7 @@ type IdleTxError struct {
 }
 
 func (e *IdleTxError) Error() string {
-	return fmt.Sprintf("the handler kept the transaction idle for longer than IdleTxTimeout (%s), and its connection was lost before the commit: %v", e.Timeout, e.Err)
+	return fmt.Sprintf("idle_in_transaction_session_timeout: the handler kept the transaction idle for longer than IdleTxTimeout or the server's idle_in_transaction_session_timeout (%s), and the server ended the session: %v", e.Timeout, e.Err)
 }
 
 func (e *IdleTxError) Unwrap() error { return e.Err }

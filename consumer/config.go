@@ -87,15 +87,20 @@ type Config struct {
 	// transaction. At most MaxBatchSize. Defaults to 100 (DefaultBatchSize).
 	BatchSize int
 	// Concurrency is how many batches (of different lanes) run at once.
-	// Defaults to 4 (DefaultConcurrency).
+	// Each holds one connection of the pool for its transaction; Run
+	// reports at start-up a pool too small for it (MaxConns below
+	// Concurrency, plus one for the strategy's background work, if it
+	// has any). Defaults to 4 (DefaultConcurrency).
 	Concurrency int
 
 	// MaxAttempts is how many times a failing message is tried before it is
 	// parked. Attempts are counted from the source's delivery count
 	// (Message.Attempt), less the deliveries this process saw the message
 	// spend waiting (on a sequence gap, behind an earlier message of its
-	// sender, or in a batch that rolled back as a whole). Defaults to 10
-	// (DefaultMaxAttempts).
+	// sender, or in a batch that rolled back as a whole) and those whose
+	// handler met a transient database error (*TransientError: a lock
+	// held elsewhere past lock_timeout, say), which are retried without
+	// limit. Defaults to 10 (DefaultMaxAttempts).
 	MaxAttempts int
 	// RetryBackoff is the delay before the second attempt; it doubles with
 	// each attempt, with jitter. Defaults to 1s (DefaultRetryBackoff).
@@ -150,8 +155,11 @@ type Config struct {
 	// two statements of its transaction (a slow HTTP call, say) has its
 	// batch fail and retried, counting an attempt: raise the timeout for
 	// it, or better, do such work outside the transaction. A negative
-	// value leaves the server's setting. Defaults to 10s
-	// (DefaultIdleTxTimeout).
+	// value leaves the server's setting (the role's or database's
+	// idle_in_transaction_session_timeout, read at start-up, then decides
+	// which handler calls are blamed); a positive one above the server's
+	// setting is logged at start-up, since it raises the DBA's limit for
+	// the batch transactions. Defaults to 10s (DefaultIdleTxTimeout).
 	IdleTxTimeout time.Duration
 	// Logger receives the consumer's logs. Defaults to warnings and errors
 	// on stderr (slog.New(slog.DiscardHandler) silences them).

@@ -24,6 +24,11 @@ type Consumer struct {
 	waits       *waits
 	parkedTable string
 	idleSQL     string // run after BEGIN in every batch transaction
+	// idleTx is how long a batch transaction may stay idle before the
+	// server ends its session: IdleTxTimeout, or the server's setting when
+	// it is left in force. server holds the timeouts read at start-up.
+	idleTx time.Duration
+	server serverSettings
 	// horizonChecked is false when the source could not say its redelivery
 	// horizon at start-up: it is asked again in the background.
 	horizonChecked bool
@@ -56,6 +61,7 @@ func New(db dedupe.DB, src Source, cfg Config) (*Consumer, error) {
 		path:        newPath(cfg, cfg.Logger.With("consumer", cfg.Name), src),
 		parkedTable: pgx.Identifier{cfg.Schema, cfg.ParkedTable}.Sanitize(),
 		idleSQL:     idleSQL(cfg.IdleTxTimeout),
+		idleTx:      max(cfg.IdleTxTimeout, 0),
 		waits:       newWaits(),
 	}
 	for _, h := range cfg.Hooks {
@@ -198,6 +204,10 @@ func (c *Consumer) preflight(ctx context.Context) error {
 	if !exists {
 		return fmt.Errorf("consumer: table %s does not exist: call Migrate first", c.parkedTable)
 	}
+	if err := c.checkSettings(ctx, tx); err != nil {
+		return err
+	}
+	c.checkPool(ctx)
 	if c.maintainer != nil {
 		if err := c.maintainer.Maintain(ctx, c.db); err != nil {
 			return fmt.Errorf("consumer: %s maintenance: %w", c.cfg.Strategy.Name(), err)

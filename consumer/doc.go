@@ -75,11 +75,12 @@
 // constraint or constraint trigger), the batch is isolated with the
 // deferred checks run after each message, and that message is retried and
 // parked like a failing handler (*CommitCheckError). Transient refusals
-// (serialization failures, deadlocks, timeouts) roll the batch back and it
-// is delivered again after a backoff. When the connection is lost during
-// COMMIT, the outcome is unknown: the batch is not acknowledged, its
-// messages are reported as OutcomeUnknown, and their redelivery settles
-// them: duplicates if the commit went through, applied if it did not.
+// (serialization failures, deadlocks, a lock timeout, a cancel request)
+// roll the batch back and it is delivered again after a backoff. When the
+// connection is lost during COMMIT, the outcome is unknown: the batch is
+// not acknowledged, its messages are reported as OutcomeUnknown, and their
+// redelivery settles them: duplicates if the commit went through, applied
+// if it did not.
 //
 // # A frozen worker
 //
@@ -99,6 +100,29 @@
 // BatchHandler), so it is parked after Config.MaxAttempts with an
 // *IdleTxError rather than delivered again for ever; keep such waits out of
 // the transaction, or raise the timeout.
+//
+// # Whose failure it is
+//
+// One place (classifyHandlerErr) decides what a database error a handler
+// met means, by its SQLSTATE, and docs/postgres-settings.md lists what the
+// consumer does under each setting a DBA may give its role. A statement
+// cancelled by statement_timeout (57014) did too much work of its own: a
+// failure of its message (*TimeoutError), counted and parked after
+// Config.MaxAttempts. A lock held elsewhere past lock_timeout (55P03), a
+// serialization failure or a deadlock is the database's doing: the message
+// is retried alone with backoff (*TransientError), the delivery is not
+// counted, and it is never parked for it. A lock wait can only be told
+// from slow work when lock_timeout fires first, so the consumer warns at
+// start-up when statement_timeout is set and lock_timeout is not lower. A
+// session ended by idle_in_transaction_session_timeout is the failure of
+// the handler call that kept the transaction idle (*IdleTxError). Errors
+// that say the database as a whole cannot take the batch, as during a
+// primary switch (connection refused or lost, read-only 25006, starting
+// up 57P03, shutting down 57P01), roll the batch back and deliver it again
+// after a backoff (*UnavailableError in BatchStats.Err), with no attempt
+// counted; an unknown COMMIT outcome is settled by redelivery. At
+// start-up, a pool with fewer connections than Concurrency (plus one for
+// the strategy's background work) is reported with the numbers.
 //
 // # Optional interfaces of a source
 //

@@ -22,7 +22,7 @@ func (c *Consumer) handleAll(ctx context.Context, tx pgx.Tx, news []*item, st *B
 	if len(news) == 0 {
 		return nil, nil
 	}
-	idle := c.cfg.IdleTxTimeout
+	idle := c.idleTx
 	if c.cfg.QueueHandler != nil {
 		return c.handleQueued(ctx, tx, news, !mode.unmerged)
 	}
@@ -32,7 +32,7 @@ func (c *Consumer) handleAll(ctx context.Context, tx pgx.Tx, news []*item, st *B
 				return nil, lost
 			}
 			if len(news) == 1 {
-				c.recordFailure(news[0], err)
+				c.recordFailure(news[0], idleErr(tx, err, time.Since(t), idle))
 			}
 			return nil, errHandlerFailed
 		}
@@ -48,9 +48,9 @@ func (c *Consumer) handleAll(ctx context.Context, tx pgx.Tx, news []*item, st *B
 		ht := time.Now()
 		if err := c.call(ctx, tx, it); err != nil {
 			if lost := connLost(tx, err, time.Since(ht), idle); lost != nil {
-				return nil, lost
+				return slow, lost // an earlier slow call may have lost it
 			}
-			c.recordFailure(it, err)
+			c.recordFailure(it, idleErr(tx, err, time.Since(ht), idle))
 			return nil, errHandlerFailed
 		}
 		if idle > 0 && time.Since(ht) > idle {
@@ -81,8 +81,17 @@ func (c *Consumer) parkDecided(news []*item) []*item {
 
 // recordFailure decides, once per batch, what a handler failure means for
 // its message: park it (permanent, or out of attempts) or retry it later.
+// A transient database error (classifyHandlerErr) is retried and never
+// parks it.
 func (c *Consumer) recordFailure(it *item, err error) {
+	err = c.classifyHandlerErr(err)
 	it.failed = err
+	if IsTransient(err) {
+		it.failedPark = false
+		c.log.Warn("database refused a handler's statement for a reason that passes; the message is retried without counting an attempt",
+			"ref", it.m.Ref, "key", it.key.String(), "delivery", it.attempt(), "err", err)
+		return
+	}
 	it.failedPark = IsPermanent(err) || (it.tries >= c.cfg.MaxAttempts && !c.keepRetrying)
 	var pe *PanicError
 	if errors.As(err, &pe) {
@@ -98,8 +107,15 @@ func (c *Consumer) parkFailed(it *item) {
 	it.park(reason, it.failed, true)
 }
 
+// retryDelay is the backoff before a failed message's next delivery: by
+// its counted attempts, or, after a transient error, which counts none, by
+// its deliveries.
 func (c *Consumer) retryDelay(it *item) time.Duration {
-	return backoff(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, it.tries)
+	n := it.tries
+	if IsTransient(it.failed) {
+		n = it.attempt()
+	}
+	return backoff(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, n)
 }
 
 // call runs the Handler for one message, turning a panic into a

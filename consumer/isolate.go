@@ -65,7 +65,9 @@ func (c *Consumer) handle(ctx context.Context, p *isolation, news []*item) (herr
 	}
 	p.st.Handle += time.Since(t)
 	if herr != nil {
-		lost = connLost(p.tx, herr, time.Since(t), c.cfg.IdleTxTimeout)
+		if lost = connLost(p.tx, herr, time.Since(t), c.idleTx); lost == nil {
+			herr = idleErr(p.tx, herr, time.Since(t), c.idleTx)
+		}
 	}
 	return herr, lost
 }
@@ -104,7 +106,7 @@ func (c *Consumer) isolateOne(ctx context.Context, p *isolation, it *item) error
 			it.reset()
 			c.recordFailure(it, herr)
 			if !it.failedPark {
-				it.retry(herr, c.retryDelay(it))
+				it.retry(it.failed, c.retryDelay(it))
 				p.gate.handBack(it)
 				break
 			}

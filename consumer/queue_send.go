@@ -257,7 +257,7 @@ func (c *Consumer) handleQueued(ctx context.Context, tx pgx.Tx, news []*item, me
 		return nil, errHandlerFailed
 	}
 	// The transaction was idle while the handlers ran.
-	idle := c.cfg.IdleTxTimeout
+	idle := c.idleTx
 	slowHandlers := idle > 0 && time.Since(t) > idle
 	var mg *merger
 	if merge && !c.cfg.NoInsertMerge {

@@ -87,7 +87,7 @@ func (w *waits) settled(items []*item, sequenced bool) {
 		w.waited = map[string]int{}
 	}
 	for _, it := range items {
-		if it.outcome == OutcomeRetried && it.waiting {
+		if it.outcome == OutcomeRetried && (it.waiting || IsTransient(it.err)) {
 			w.waited[msgRef(it.m)]++
 		} else if it.outcome != OutcomeRetried && len(w.waited) > 0 {
 			delete(w.waited, msgRef(it.m))
