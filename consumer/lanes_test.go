@@ -440,7 +440,10 @@ func TestLanesAbandonedBeforeUndeliveredToAWaitingNext(t *testing.T) {
 		b, err := s.Next(ctx, 2)
 		next <- result{b, err}
 	}()
-	waitForLockWaiter(t, "(*Lanes).Next")
+	if err := waitForLockWaiter("(*Lanes).Next"); err != nil {
+		s.mu.Unlock()
+		t.Fatal(err)
+	}
 	// Abandoned: neither acknowledged nor retried.
 	if !s.settleLocked(b, nil, nil) {
 		s.mu.Unlock()
@@ -456,8 +459,7 @@ func TestLanesAbandonedBeforeUndeliveredToAWaitingNext(t *testing.T) {
 
 // waitForLockWaiter waits until a goroutine running fn is blocked on a
 // sync.Mutex (the Lanes lock the caller holds).
-func waitForLockWaiter(t *testing.T, fn string) {
-	t.Helper()
+func waitForLockWaiter(fn string) error {
 	deadline := time.Now().Add(10 * time.Second)
 	buf := make([]byte, 1<<20)
 	for {
@@ -465,11 +467,11 @@ func waitForLockWaiter(t *testing.T, fn string) {
 		for _, g := range strings.Split(string(buf[:n]), "\n\n") {
 			header, _, _ := strings.Cut(g, "\n")
 			if strings.Contains(header, "[sync.Mutex.Lock") && strings.Contains(g, fn) {
-				return
+				return nil
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no goroutine in %s is waiting for the lock", fn)
+			return fmt.Errorf("no goroutine in %s is waiting for the lock", fn)
 		}
 		runtime.Gosched()
 	}
