@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -135,10 +136,19 @@ func ctxTimeout(t *testing.T, d time.Duration) context.Context {
 // ended the session by the time the engine commits. That counts as the
 // handler's failed attempt too: the message is parked after MaxAttempts,
 // not delivered again for ever as an unknown outcome.
+//
+// For a BatchHandler the slow call is the whole call's: every message in
+// it counts the failed attempt. Whether a and b share their next call is
+// up to the source: each retried message has its own jittered delay, and a
+// due before b is delivered (and applied) alone. The source here hands a
+// batch's retries back together, as one visibility change does, so that
+// both are called together again and both are parked.
 func TestIdleAfterTheLastStatementCountsAttempts(t *testing.T) {
 	for _, shape := range []string{"Handler", "BatchHandler"} {
 		t.Run(shape, func(t *testing.T) {
 			e := newEnv(t, consumertest.Config{Lanes: 1})
+			var calls [][]string // a BatchHandler's calls, by message ID
+			var mu sync.Mutex
 			e.broker.Publish(0, msg("a", "p"))
 			e.broker.Publish(0, msg("b", "p"))
 			pause := func() { time.Sleep(400 * time.Millisecond) } // waits on something else, inside the transaction
@@ -155,6 +165,13 @@ func TestIdleAfterTheLastStatementCountsAttempts(t *testing.T) {
 				}
 			} else {
 				cfg.BatchHandler = func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+					var ids []string
+					for _, m := range msgs {
+						ids = append(ids, m.ID)
+					}
+					mu.Lock()
+					calls = append(calls, ids)
+					mu.Unlock()
 					if err := insertEffects(ctx, tx, msgs); err != nil {
 						return err
 					}
@@ -166,7 +183,14 @@ func TestIdleAfterTheLastStatementCountsAttempts(t *testing.T) {
 					return nil
 				}
 			}
-			e.runUntilIdle(e.consumer(cfg), time.Minute)
+			c := consumertest.NewConsumer(t, e.pool, retriesTogether{e.broker}, e.config(cfg))
+			e.runUntilIdle(c, time.Minute)
+			if shape == "BatchHandler" {
+				// One failing call per attempt, each with both messages.
+				if len(calls) != cfg.MaxAttempts || slices.ContainsFunc(calls, func(c []string) bool { return strings.Join(c, ",") != "a,b" }) {
+					t.Errorf("BatchHandler calls %v: want %d, each with a and b", calls, cfg.MaxAttempts)
+				}
+			}
 			counts := e.effectCounts()
 			parked := map[string]string{}
 			for _, p := range e.parked() {
@@ -186,4 +210,20 @@ func TestIdleAfterTheLastStatementCountsAttempts(t *testing.T) {
 			}
 		})
 	}
+}
+
+// retriesTogether is a source that hands a batch's retried messages back
+// together, after the longest of their delays.
+type retriesTogether struct{ consumer.Source }
+
+func (s retriesTogether) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.Message, retry []consumer.Retry) error {
+	var d time.Duration
+	for _, r := range retry {
+		d = max(d, r.Delay)
+	}
+	together := make([]consumer.Retry, len(retry))
+	for i, r := range retry {
+		together[i] = consumer.Retry{Message: r.Message, Delay: d}
+	}
+	return s.Source.Settle(ctx, b, ack, together)
 }

@@ -287,8 +287,10 @@ func (s *Lanes) Next(ctx context.Context, limit int) (*Batch, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		now := time.Now()
 		s.mu.Lock()
+		// Read under the lock: read before, it would not see as due what a
+		// Settle holding the lock meanwhile handed back at once.
+		now := time.Now()
 		if s.closed {
 			s.mu.Unlock()
 			return nil, ErrLanesClosed

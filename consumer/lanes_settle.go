@@ -17,6 +17,11 @@ import (
 func (s *Lanes) Settle(b *Batch, ack []*Message, retry []Retry) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.settleLocked(b, ack, retry)
+}
+
+// settleLocked is Settle with s.mu held.
+func (s *Lanes) settleLocked(b *Batch, ack []*Message, retry []Retry) bool {
 	l := s.inFlight(b)
 	if l == nil {
 		return false

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -406,5 +408,71 @@ func TestLanesConcurrent(t *testing.T) {
 	fetchersWG.Wait()
 	if !s.Idle() {
 		t.Fatal("not idle at the end")
+	}
+}
+
+// TestLanesAbandonedBeforeUndeliveredToAWaitingNext: a batch abandoned
+// while another Next is on its way to the lock is handed out again, at
+// once, before the lane's undelivered messages. Next must judge what is
+// due at the moment it holds the lock: judged by a clock read before it
+// waited for the lock, the abandoned messages (due at the moment of their
+// Settle, later) looked not yet due, and the lane's undelivered messages
+// went out ahead of them, so that a sequenced sender's later message
+// applied before an earlier one that was abandoned and a monotonic mark
+// passed the earlier one by: a lost message. The test holds the lock
+// while Next waits for it, and settles the batch then.
+func TestLanesAbandonedBeforeUndeliveredToAWaitingNext(t *testing.T) {
+	s := NewLanes(LanesConfig{})
+	s.Open("a", nil)
+	s.Add("a", laneMsgs("a", 4)...)
+	b := mustNext(t, s, 2)
+	wantIDs(t, b, "a/0", "a/1")
+
+	s.mu.Lock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	type result struct {
+		b   *Batch
+		err error
+	}
+	next := make(chan result, 1)
+	go func() {
+		b, err := s.Next(ctx, 2)
+		next <- result{b, err}
+	}()
+	if err := waitForLockWaiter("(*Lanes).Next"); err != nil {
+		s.mu.Unlock()
+		t.Fatal(err)
+	}
+	// Abandoned: neither acknowledged nor retried.
+	if !s.settleLocked(b, nil, nil) {
+		s.mu.Unlock()
+		t.Fatal("the batch in flight could not be settled")
+	}
+	s.mu.Unlock()
+	r := <-next
+	if r.err != nil {
+		t.Fatalf("Next: %v", r.err)
+	}
+	wantIDs(t, r.b, "a/0", "a/1")
+}
+
+// waitForLockWaiter waits until a goroutine running fn is blocked on a
+// sync.Mutex (the Lanes lock the caller holds).
+func waitForLockWaiter(fn string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		for _, g := range strings.Split(string(buf[:n]), "\n\n") {
+			header, _, _ := strings.Cut(g, "\n")
+			if strings.Contains(header, "[sync.Mutex.Lock") && strings.Contains(g, fn) {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no goroutine in %s is waiting for the lock", fn)
+		}
+		runtime.Gosched()
 	}
 }
