@@ -104,9 +104,23 @@ func (l Line) Render(schema string) ([]Migration, error) {
 // transaction, holding an advisory lock so that processes starting together
 // do not race. It creates schema and its migrations table when missing.
 // It returns the migrations it applied.
+//
+// The lock is transaction-level (pg_advisory_xact_lock), so Migrate works
+// through a pooler in transaction mode such as PgBouncer's. Before anything
+// else it runs CheckPooling and refuses, with ErrTransactionPooling and the
+// setting to change, a db whose pgx connections keep named prepared
+// statements (pgx's default) behind a transaction pooler: the consumer and
+// the relay would fail through it.
 func Migrate(ctx context.Context, db DB, schema string, lines ...Line) ([]Migration, error) {
 	if schema == "" {
 		schema = DefaultSchema
+	}
+	p, err := CheckPooling(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: migrate: %w", err)
+	}
+	if err := p.Err(); err != nil {
+		return nil, fmt.Errorf("dedupe: migrate: %w", err)
 	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
