@@ -47,7 +47,7 @@ func (p Pooling) Err() error {
 	if p.Transaction && p.NamedStatements() {
 		return fmt.Errorf("%w, and pgx's %s mode keeps prepared statements on a server connection from one round trip to the next, which the pooler hands to another client in between (\"prepared statement ... does not exist\"); "+
 			"set pgxpool.Config.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec (or QueryExecModeCacheDescribe), "+
-			"or use pool_mode = session", ErrTransactionPooling, p.ExecMode)
+			"or default_query_exec_mode=exec in the connection string, or use pool_mode = session", ErrTransactionPooling, p.ExecMode)
 	}
 	return nil
 }
@@ -58,7 +58,7 @@ func (p Pooling) Err() error {
 func (p Pooling) Warning() string {
 	if p.Pooler && !p.Transaction && p.NamedStatements() {
 		return fmt.Sprintf("the connections go through a pooler (the server's process ID is not the one the client was told) and pgx's %s mode keeps prepared statements on a server connection: "+
-			"fine with pool_mode = session, but in transaction pooling they break; there set DefaultQueryExecMode = pgx.QueryExecModeExec", p.ExecMode)
+			"fine with pool_mode = session, but in transaction pooling they break; there set DefaultQueryExecMode = pgx.QueryExecModeExec (default_query_exec_mode=exec in the connection string)", p.ExecMode)
 	}
 	return ""
 }
