@@ -49,11 +49,12 @@ func countingLine() dedupe.Line {
 // Processes starting together through PgBouncer in transaction pooling
 // apply each migration exactly once: the lock is transaction-level, so it
 // lives and dies with the transaction that applies them, on whichever
-// server connection the pooler gave it.
+// server connection the pooler gave it. A CREATE … IF NOT EXISTS that lost
+// the race to another process's CREATE is run again in a new transaction.
 func TestMigrateConcurrentlyThroughPgBouncer(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	const processes = 4
+	const processes = 6
 	pools := bouncerPools(t, processes, pgx.QueryExecModeExec)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
@@ -61,6 +62,13 @@ func TestMigrateConcurrentlyThroughPgBouncer(t *testing.T) {
 	errs := make([]error, processes)
 	for i, pool := range pools {
 		wg.Go(func() {
+			// As the CLI does: list what is pending, then apply. The lookup
+			// leaves the schema's absence in the server connection's catalog
+			// cache, which Migrate must not trust once it holds the lock.
+			if _, err := dedupe.PendingMigrations(ctx, pool, "app", countingLine()); err != nil {
+				errs[i] = err
+				return
+			}
 			<-start
 			ms, err := dedupe.Migrate(ctx, pool, "app", countingLine())
 			applied[i], errs[i] = len(ms), err
