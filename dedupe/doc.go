@@ -21,6 +21,12 @@
 // the CLI's migrate command use too.
 // Schema and table names are configurable and always quoted.
 //
+// CheckPooling finds a connection pooler between a pool and the server and
+// sees transaction pooling (PgBouncer's pool_mode = transaction); Migrate
+// runs it first and refuses, with ErrTransactionPooling and the setting to
+// change, pgx connections whose prepared statements cannot cross such a
+// pooler. Every advisory lock the library takes is transaction-level.
+//
 // # Optional interfaces
 //
 // A Strategy may also implement the interfaces below. consumer.New finds

@@ -2,6 +2,7 @@ package dedupe
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -11,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // DefaultSchema is the schema the library's tables live in unless configured otherwise.
@@ -104,10 +106,50 @@ func (l Line) Render(schema string) ([]Migration, error) {
 // transaction, holding an advisory lock so that processes starting together
 // do not race. It creates schema and its migrations table when missing.
 // It returns the migrations it applied.
+//
+// The lock is transaction-level (pg_advisory_xact_lock), so Migrate works
+// through a pooler in transaction mode such as PgBouncer's. Before anything
+// else it runs CheckPooling and refuses, with ErrTransactionPooling and the
+// setting to change, a db whose pgx connections keep named prepared
+// statements (pgx's default) behind a transaction pooler: the consumer and
+// the relay would fail through it.
 func Migrate(ctx context.Context, db DB, schema string, lines ...Line) ([]Migration, error) {
 	if schema == "" {
 		schema = DefaultSchema
 	}
+	p, err := CheckPooling(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: migrate: %w", err)
+	}
+	if err := p.Err(); err != nil {
+		return nil, fmt.Errorf("dedupe: migrate: %w", err)
+	}
+	for attempt := 1; ; attempt++ {
+		applied, err := migrateOnce(ctx, db, schema, lines)
+		if err == nil || attempt == migrateAttempts || !catalogRace(err) {
+			return applied, err
+		}
+	}
+}
+
+// migrateAttempts bounds the runs of Migrate's transaction that a
+// catalogRace rolls back.
+const migrateAttempts = 3
+
+// catalogRace reports whether err is a unique violation in a system
+// catalog, which a CREATE … IF NOT EXISTS raises when it raced another
+// transaction's CREATE: a backend that looked the name up before the
+// winner committed (a pooled server connection that ran
+// PendingMigrations, say) may still hold the miss in its catalog cache
+// after waiting for the lock, and tries to create the object again. A new
+// transaction sees the object.
+func catalogRace(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23505" &&
+		(pe.SchemaName == "pg_catalog" || strings.HasPrefix(pe.ConstraintName, "pg_"))
+}
+
+func migrateOnce(ctx context.Context, db DB, schema string, lines []Line) ([]Migration, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: migrate: %w", err)

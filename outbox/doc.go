@@ -115,6 +115,9 @@
 // The relay wakes on the NOTIFY that the emitting transaction sends (and
 // PostgreSQL delivers only on commit), and polls every PollInterval as a
 // fallback; PollOnly turns LISTEN off for PgBouncer's transaction pooling.
+// Run checks for a pooler at start-up (dedupe.CheckPooling): behind a
+// transaction pooler it warns and polls without PollOnly, and it refuses a
+// pool whose pgx exec mode keeps prepared statements (docs/pgbouncer.md).
 // Run returns when its context is done, after marking what the pass in
 // progress published and giving its leases back.
 //

@@ -60,7 +60,10 @@ type RelayConfig struct {
 	// PollOnly turns LISTEN off, for connections through PgBouncer in
 	// transaction pooling mode. LISTEN also needs a db with
 	// Acquire (a *pgxpool.Pool); without it the relay polls. Defaults to
-	// false.
+	// false. Run checks at start-up for a pooler (dedupe.CheckPooling):
+	// it refuses a pool whose prepared statements cannot cross a
+	// transaction pooler (dedupe.ErrTransactionPooling), and without
+	// PollOnly behind one it warns and polls.
 	PollOnly bool
 	// MinBackoff and MaxBackoff bound the wait before a message that failed
 	// transiently is tried again; the wait doubles with each attempt.
@@ -197,12 +200,16 @@ var errCrash = errors.New("outbox: simulated crash")
 // (what was published is marked), gives its leases back and returns nil.
 // It returns an error only when it cannot go on.
 func (r *Relay) Run(ctx context.Context) error {
+	listen, err := r.checkPooling(ctx)
+	if err != nil {
+		return err
+	}
 	wake := make(chan struct{}, 1)
 	lctx, stopListen := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	if acq, ok := r.db.(interface {
 		Acquire(context.Context) (*pgxpool.Conn, error)
-	}); ok && !r.cfg.PollOnly {
+	}); ok && listen {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.listen(lctx, acq.Acquire, wake) }()
 	}
@@ -297,6 +304,37 @@ func (r *Relay) shutdown() error {
 	r.leases = map[int32]lease{}
 	r.mu.Unlock()
 	return nil
+}
+
+// checkPooling looks, at start-up, for a pooler between the relay and the
+// server (dedupe.CheckPooling). Behind a transaction pooler it refuses pgx
+// settings whose prepared statements cannot cross it and, unless
+// PollOnly, warns that LISTEN cannot work there and reports that the relay
+// must poll. A failed check is logged and the relay goes on as configured.
+func (r *Relay) checkPooling(ctx context.Context) (listen bool, err error) {
+	p, err := dedupe.CheckPooling(ctx, r.db)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("outbox: cannot check for a connection pooler; going on as configured", "err", err)
+		}
+		return !r.cfg.PollOnly, nil
+	}
+	if err := p.Err(); err != nil {
+		return false, fmt.Errorf("outbox: relay: %w", err)
+	}
+	if w := p.Warning(); w != "" {
+		r.log.Warn("outbox: " + w)
+	}
+	if r.cfg.PollOnly {
+		return false, nil
+	}
+	if p.Transaction {
+		r.log.Warn("outbox: the connections go through a pooler in transaction mode (PgBouncer pool_mode = transaction), where LISTEN cannot work: "+
+			"the relay polls instead, every PollInterval; set RelayConfig.PollOnly = true to say so, or give the relay a pool with a direct or session-pooled connection to be woken by NOTIFY",
+			"poll_interval", r.cfg.PollInterval)
+		return false, nil
+	}
+	return true, nil
 }
 
 // listen delivers a wake-up for every notification on the outbox's

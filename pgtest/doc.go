@@ -27,4 +27,17 @@
 // should pay for durable commits.
 //
 // Start runs a separate server with explicit Options.
+//
+// # PgBouncer
+//
+// Production databases often sit behind PgBouncer in transaction pooling
+// mode. NewBouncerPool gives a test a fresh database reached through a
+// real PgBouncer (Debian's pgbouncer package, found in PATH or
+// /usr/sbin), started on first use in front of the shared server with
+// pool_mode = transaction and stopped by Main; BouncerURL gives its URL and
+// SharedBouncer the PgBouncer itself. Like the server binaries, a missing
+// pgbouncer binary fails the test with the command that installs it.
+// StartBouncer runs a separate PgBouncer with explicit BouncerOptions (pool
+// mode, pool size) in front of any server, in its own temporary directory,
+// listening only on a Unix socket there.
 package pgtest

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -26,6 +27,7 @@ var shared struct {
 //	func TestMain(m *testing.M) { pgtest.Main(m) }
 func Main(m *testing.M) {
 	code := m.Run()
+	stopBouncer()
 	shared.once.Do(func() {}) // wait for a start in progress, forbid later ones
 	if shared.cluster != nil {
 		if err := shared.cluster.Stop(); err != nil {
@@ -90,5 +92,72 @@ func NewPool(tb testing.TB) *pgxpool.Pool {
 		tb.Fatalf("pgtest: %v", err)
 	}
 	tb.Cleanup(pool.Close) // runs before the drop registered by URL
+	return pool
+}
+
+// sharedBouncer is the PgBouncer the bouncer helpers start on first use.
+var sharedBouncer struct {
+	once    sync.Once
+	bouncer *Bouncer
+	err     error
+}
+
+// stopBouncer stops the shared PgBouncer, if one was started.
+func stopBouncer() {
+	sharedBouncer.once.Do(func() {}) // wait for a start in progress, forbid later ones
+	if sharedBouncer.bouncer != nil {
+		if err := sharedBouncer.bouncer.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}
+}
+
+// SharedBouncer returns the PgBouncer, in transaction pooling mode, that
+// the bouncer helpers share in front of Server's server; it starts it on
+// first use, and Main stops it. The test fails if the pgbouncer binary is
+// missing, with the command that installs it.
+func SharedBouncer(tb testing.TB) *Bouncer {
+	tb.Helper()
+	server := Server(tb)
+	sharedBouncer.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		sharedBouncer.bouncer, sharedBouncer.err = StartBouncer(ctx, server, BouncerOptions{})
+	})
+	if sharedBouncer.err != nil {
+		tb.Fatalf("%v", sharedBouncer.err)
+	}
+	return sharedBouncer.bouncer
+}
+
+// BouncerURL creates a fresh, empty database for the test, as URL does, and
+// returns its URL through the shared PgBouncer (transaction pooling).
+func BouncerURL(tb testing.TB) string {
+	tb.Helper()
+	b := SharedBouncer(tb)
+	return b.URL(URL(tb))
+}
+
+// NewBouncerPool returns a connection pool on a fresh, empty database
+// through the shared PgBouncer in transaction pooling mode. The pool runs
+// its statements in pgx.QueryExecModeExec, as the library's documentation
+// asks for behind a transaction pooler; configure, if not nil, may change
+// that or anything else before the pool is made. The pool is closed before
+// the database is dropped.
+func NewBouncerPool(tb testing.TB, configure func(*pgxpool.Config)) *pgxpool.Pool {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(BouncerURL(tb))
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	if configure != nil {
+		configure(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	tb.Cleanup(pool.Close)
 	return pool
 }
