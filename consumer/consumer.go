@@ -192,6 +192,16 @@ func (c *Consumer) Run(ctx context.Context) error {
 const shutdownGrace = time.Second
 
 func (c *Consumer) preflight(ctx context.Context) error {
+	// Behind a transaction pooler, pgx's named prepared statements break
+	// on the first batch; say so now, with the setting to change.
+	if p, err := dedupe.CheckPooling(ctx, c.db); err == nil {
+		if err := p.Err(); err != nil {
+			return fmt.Errorf("consumer: %w", err)
+		}
+		if w := p.Warning(); w != "" {
+			c.log.Warn("consumer: " + w)
+		}
+	}
 	tx, err := c.db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("consumer: connect: %w", err)

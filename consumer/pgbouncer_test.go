@@ -160,3 +160,43 @@ func TestRedriveThroughPgBouncer(t *testing.T) {
 		}
 	}
 }
+
+// Run refuses the same pool at start-up, before any batch, when the tables
+// were migrated through another pool: no message is claimed or applied.
+func TestConsumerRunRefusesCachedStatementsThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := bouncerEnv(t, pgx.QueryExecModeCacheStatement, consumertest.Config{Lanes: 1})
+	cfg := e.config(consumer.Config{})
+	exec, err := pgxpool.NewWithConfig(ctx, func() *pgxpool.Config {
+		c := e.pool.Config()
+		c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		return c
+	}())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer exec.Close()
+	migrator, err := consumer.New(exec, e.broker, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := migrator.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.broker.Publish(0, consumer.Message{ID: "m1", Value: []byte("m1")})
+	c, err := consumer.New(e.pool, e.broker, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithTimeout(ctx, 2*time.Minute) // bounds a hang, no more
+	defer cancel()
+	err = c.Run(runCtx)
+	if !errors.Is(err, dedupe.ErrTransactionPooling) || !strings.Contains(err.Error(), "QueryExecModeExec") {
+		t.Fatalf("Run: %v; want ErrTransactionPooling naming pgx.QueryExecModeExec", err)
+	}
+	var effects int
+	if err := exec.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&effects); err != nil || effects != 0 {
+		t.Fatalf("%d effects (%v), want none", effects, err)
+	}
+}
