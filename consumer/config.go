@@ -79,6 +79,9 @@ type Config struct {
 	// NoFingerprint turns off payload fingerprints, and with them mismatch
 	// detection. Defaults to false: fingerprints are on.
 	NoFingerprint bool
+	// Fingerprint chooses what a payload fingerprint hashes. Defaults to
+	// FingerprintBytes.
+	Fingerprint FingerprintMode
 	// MaxKeyLen is the longest dedupe ID (and sender), in bytes; longer keys
 	// are parked. Defaults to 512 (DefaultMaxKeyLen).
 	MaxKeyLen int
@@ -254,6 +257,8 @@ func (c Config) validate() error {
 		return bad("IdleTxTimeout", "%s is shorter than PostgreSQL's resolution of 1ms", c.IdleTxTimeout)
 	case c.OnMismatch > MismatchPark:
 		return bad("OnMismatch", "unknown policy %d", c.OnMismatch)
+	case c.Fingerprint > FingerprintJSON:
+		return bad("Fingerprint", "unknown mode %d", c.Fingerprint)
 	}
 	if err := dedupe.Validate(dedupe.Key{Scope: c.Scope}, 0); err != nil {
 		return bad("Scope", "%v", err)

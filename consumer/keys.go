@@ -13,12 +13,42 @@ type keyer struct {
 	fn      KeyFunc
 	scope   string
 	noFP    bool
+	fpJSON  bool
 	maxLen  int
 	checker dedupe.KeyChecker // the strategy's own rules, if it has any
 }
 
 func newKeyer(cfg Config, checker dedupe.KeyChecker) keyer {
-	return keyer{fn: cfg.KeyFunc, scope: cfg.Scope, noFP: cfg.NoFingerprint, maxLen: cfg.MaxKeyLen, checker: checker}
+	return keyer{fn: cfg.KeyFunc, scope: cfg.Scope, noFP: cfg.NoFingerprint, fpJSON: cfg.Fingerprint == FingerprintJSON,
+		maxLen: cfg.MaxKeyLen, checker: checker}
+}
+
+// FingerprintMode says what a payload fingerprint hashes.
+type FingerprintMode uint8
+
+const (
+	// FingerprintBytes hashes the payload's bytes: a payload re-serialized
+	// with its members in another order is another payload.
+	FingerprintBytes FingerprintMode = iota
+	// FingerprintJSON hashes the payload's canonical JSON form
+	// (dedupe.CanonicalJSON: members sorted, no insignificant whitespace,
+	// values as given), so a producer that re-serializes an event does not
+	// trip mismatch detection, and a changed value still does. A payload
+	// that is not JSON has no key and is parked with reason invalid_key;
+	// an empty one (a tombstone) is fingerprinted as empty bytes.
+	FingerprintJSON
+)
+
+// fingerprint is the payload's fingerprint under the keyer's mode.
+func (kr keyer) fingerprint(k dedupe.Key, payload []byte) ([]byte, error) {
+	if !kr.fpJSON || len(payload) == 0 {
+		return dedupe.Fingerprint(payload), nil
+	}
+	canon, err := dedupe.CanonicalJSON(payload)
+	if err != nil {
+		return nil, &dedupe.KeyError{Key: k, Reason: "Fingerprint is FingerprintJSON and the payload is not JSON: " + err.Error()}
+	}
+	return dedupe.Fingerprint(canon), nil
 }
 
 // key derives m's key with the KeyFunc, fills in the scope and the payload
@@ -34,7 +64,9 @@ func (kr keyer) key(m *Message) (k dedupe.Key, err error) {
 		k.Scope = kr.scope
 	}
 	if k.Fingerprint == nil && !kr.noFP {
-		k.Fingerprint = dedupe.Fingerprint(m.Value)
+		if k.Fingerprint, err = kr.fingerprint(k, m.Value); err != nil {
+			return k, err
+		}
 	}
 	if err := dedupe.Validate(k, kr.maxLen); err != nil {
 		return k, err
