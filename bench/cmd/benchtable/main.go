@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/bench"
-	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -35,18 +34,11 @@ func main() {
 
 func run(scale float64, runs int) error {
 	ctx := context.Background()
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		fmt.Fprintln(os.Stderr, "starting a throwaway PostgreSQL (fsync on)…")
-		c, err := pgtest.Start(ctx, pgtest.Options{Fsync: true})
-		if err != nil {
-			return err
-		}
-		defer c.Stop()
-		if url, err = c.CreateDatabase(ctx, "bench"); err != nil {
-			return err
-		}
+	url, _, stop, err := bench.Database(ctx)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return err

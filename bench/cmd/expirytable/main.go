@@ -21,8 +21,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/effectively-once/effectively/bench"
 	"github.com/effectively-once/effectively/bench/expiry"
-	"github.com/effectively-once/effectively/pgtest"
 )
 
 func main() {
@@ -47,18 +47,11 @@ func run(cfg expiry.Config) error {
 	cfg.Logf = func(format string, args ...any) {
 		fmt.Fprintf(os.Stderr, "%6.1fs  %s\n", time.Since(begin).Seconds(), fmt.Sprintf(format, args...))
 	}
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		fmt.Fprintln(os.Stderr, "starting a throwaway PostgreSQL (fsync on)…")
-		c, err := pgtest.Start(ctx, pgtest.Options{Fsync: true})
-		if err != nil {
-			return err
-		}
-		defer c.Stop()
-		if url, err = c.CreateDatabase(ctx, "bench"); err != nil {
-			return err
-		}
+	url, _, stop, err := bench.Database(ctx)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return err

@@ -24,7 +24,6 @@ import (
 	"strings"
 
 	"github.com/effectively-once/effectively/bench"
-	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -53,17 +52,12 @@ func main() {
 
 func run(opts bench.LanesOptions) error {
 	ctx := context.Background()
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		fmt.Fprintln(os.Stderr, "starting a throwaway PostgreSQL (fsync on)…")
-		c, err := pgtest.Start(ctx, pgtest.Options{Fsync: true})
-		if err != nil {
-			return err
-		}
-		defer c.Stop()
-		if url, err = c.CreateDatabase(ctx, "bench"); err != nil {
-			return err
-		}
+	url, owned, stop, err := bench.Database(ctx)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	if owned {
 		// The server is ours: time its WAL fsyncs.
 		conn, err := pgx.Connect(ctx, url)
 		if err != nil {

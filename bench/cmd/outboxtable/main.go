@@ -24,7 +24,6 @@ import (
 	"github.com/effectively-once/effectively/bench"
 	"github.com/effectively-once/effectively/internal/kafkatest"
 	"github.com/effectively-once/effectively/outbox"
-	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -47,18 +46,11 @@ func median(xs []float64) float64 {
 
 func run(scale float64, runs, probes int) error {
 	ctx := context.Background()
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		fmt.Fprintln(os.Stderr, "starting a throwaway PostgreSQL (fsync on)…")
-		c, err := pgtest.Start(ctx, pgtest.Options{Fsync: true})
-		if err != nil {
-			return err
-		}
-		defer c.Stop()
-		if url, err = c.CreateDatabase(ctx, "bench"); err != nil {
-			return err
-		}
+	url, _, stop, err := bench.Database(ctx)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return err
