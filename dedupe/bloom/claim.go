@@ -300,7 +300,7 @@ func (s *Strategy) clockEstimate() time.Time {
 // the local one. The estimate only picks the slice a claim plans for; a
 // wrong one costs a second round trip, never a wrong verdict.
 func (s *Strategy) learnClock(db time.Time) {
-	s.clockOffset.Store(int64(db.Sub(time.Now())))
+	s.clockOffset.Store(int64(time.Until(db)))
 }
 
 // isolationOf names tx's isolation level for an error message.
