@@ -338,3 +338,31 @@ func TestRoutingConfig(t *testing.T) {
 		t.Errorf("default Route or copy: route(7) = %d, Database %d", s.cfg.Routing.route("t", 7), s.cfg.Routing.Database)
 	}
 }
+
+// TestRoutingRefusesUnroutedMember: a source without Routing that joins a
+// routed group (a misconfigured deployment) is refused by the coordinator,
+// since no protocol is common to both, and is given no partition; Fetch
+// reports why.
+func TestRoutingRefusesUnroutedMember(t *testing.T) {
+	e := newEnv(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	routed := e.source(func(c *Config) { c.Routing = &Routing{Databases: 1} })
+	waitFor(t, 30*time.Second, "the routed member's assignment", func() bool {
+		fctx, fcancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer fcancel()
+		_, _ = routed.Fetch(fctx, 1) // starts it
+		return len(routed.Assignment()) == 2
+	})
+	plain := e.source()
+	_, err := plain.Fetch(ctx, 10)
+	if !errors.Is(err, kafkago.InconsistentGroupProtocol) {
+		t.Fatalf("Fetch of a member without Routing: got %v, want InconsistentGroupProtocol", err)
+	}
+	if a := plain.Assignment(); len(a) != 0 {
+		t.Fatalf("member without Routing was assigned %v", a)
+	}
+	if a := routed.Assignment(); len(a) != 2 {
+		t.Fatalf("routed member holds %v, want both partitions", a)
+	}
+}
