@@ -161,17 +161,18 @@ func TestRouting(t *testing.T) {
 	a0, b0 := join("a0", 0), join("b0", 1)
 	holds(0, a0)
 	holds(1, b0)
-	produce(0, n/2)
+	produce(0, n/3)
 
-	b1 := join("b1", 1) // a member joins database 1: the group rebalances
+	b1 := join("b1", 1) // a member joins database 1 while messages flow: the group rebalances
+	produce(n/3, 2*n/3)
 	holds(1, b0, b1)
 	a1 := join("a1", 0)
 	holds(0, a0, a1)
 
+	produce(2*n/3, n)
 	a0.run.Stop(t) // a member of database 0 leaves: a1 takes its partition over
 	_ = a0.src.Close()
 	holds(0, a1)
-	produce(n/2, n)
 
 	// Done when each database stored, for each of its partitions, the end
 	// of the partition's log as its next offset.
