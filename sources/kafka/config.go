@@ -170,6 +170,12 @@ type Config struct {
 	// (DefaultOffsetsTable).
 	OffsetsTable string
 
+	// Routing, when set, makes this source one of several in Group, each
+	// with its own database, and gives it only the partitions that
+	// Routing.Route sends to its database (see Routing). Defaults to nil:
+	// every partition may be assigned to this source.
+	Routing *Routing
+
 	// Logger receives the source's logs. Defaults to warnings and errors on
 	// stderr, so that a wrong address or a missing queue is seen.
 	Logger *slog.Logger
@@ -235,6 +241,10 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Logger == nil {
 		c.Logger = logx.Default()
+	}
+	if c.Routing != nil {
+		r := *c.Routing // the source's own copy
+		c.Routing = &r
 	}
 	return c
 }
@@ -304,6 +314,11 @@ func (c Config) validate() error {
 		return bad("JoinGroupBackoff", "must not be negative, got %s", c.JoinGroupBackoff)
 	case c.MetadataInterval < 0:
 		return bad("MetadataInterval", "must not be negative, got %s", c.MetadataInterval)
+	}
+	if c.Routing != nil {
+		if err := c.Routing.validate(); err != nil {
+			return err
+		}
 	}
 	if err := dedupe.ValidateIdentifier(c.Schema, 0); err != nil {
 		return bad("Schema", "%v", err)

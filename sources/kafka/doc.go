@@ -162,6 +162,20 @@
 // ReportLag) shows which partitions each worker owns; Config.OnAssigned and
 // Config.OnRevoked report every change.
 //
+// # Several databases
+//
+// When one PostgreSQL primary is not enough, Config.Routing spreads a
+// group's partitions over several databases: one consumer per database,
+// each over a Source of the same Group whose Routing names its database,
+// and a Route function (the same in every member) giving each partition's
+// database. The group's leader assigns a partition only to members of its
+// database, so its effects, markers, parked rows and stored offsets stay
+// in that database and every batch is one local transaction there. The
+// producer must send a key's copies to one partition (a hashing
+// partitioner), so that they meet in one database. Routed members use the
+// group protocol RouteProtocol; members without Routing cannot join their
+// group. See docs/scaling.md.
+//
 // # Messages
 //
 // Message.ID is the value of the Config.IDHeader header ("idempotency-key"

@@ -51,7 +51,7 @@ func (s *Source) start() error {
 			Brokers:           c.Brokers,
 			Dialer:            s.dialer,
 			Topics:            c.Topics,
-			GroupBalancers:    s.balancers(),
+			GroupBalancers:    s.groupBalancers(),
 			HeartbeatInterval: c.HeartbeatInterval,
 			SessionTimeout:    c.SessionTimeout,
 			RebalanceTimeout:  c.RebalanceTimeout,
@@ -164,6 +164,7 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 			kafkaStart[tp] = p.Offset
 		}
 	}
+	tps = s.routed(gen.ID, tps) // with Routing, only this database's partitions
 	sortPartitions(tps)
 	s.log.Info("kafka: generation started", "group", s.cfg.Group, "generation", gen.ID,
 		"member", gen.MemberID, "partitions", len(tps))
