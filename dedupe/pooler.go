@@ -65,7 +65,7 @@ func (p Pooling) Warning() string {
 
 // probeRounds is how many times CheckPooling looks for a shared server
 // connection before it leaves the pool mode unknown.
-const probeRounds = 3
+const probeRounds = 10
 
 // CheckPooling finds out whether db reaches the server through a pooler,
 // and whether that pooler pools transactions (see Pooling). It runs a few
