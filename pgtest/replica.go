@@ -200,7 +200,8 @@ func (r *Replicated) CatchUp(ctx context.Context) error {
 // stops (primary_conninfo is emptied) and it receives nothing more, so
 // whatever the primary commits from then on is missing on the standby, as
 // when an asynchronous standby lags at the moment the primary dies. It
-// returns once the WAL receiver has stopped. With synchronous replication
+// returns once the WAL receiver has stopped; what it received and has not
+// replayed yet is replayed before a promotion ends. With synchronous replication
 // the primary's commits then wait for a standby that never answers.
 func (r *Replicated) StopStreaming(ctx context.Context) error {
 	conn, err := pgx.Connect(ctx, r.Standby.url)
