@@ -53,6 +53,18 @@ func startPair(t *testing.T, synchronous bool) *pair {
 	return &pair{t: t, r: r, pool: pool}
 }
 
+// reconnect replaces the pool with a new one, as a restarted process of
+// the application makes.
+func (p *pair) reconnect() {
+	p.t.Helper()
+	pool, err := pgxpool.New(context.Background(), p.r.URL(dbName))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.t.Cleanup(pool.Close)
+	p.pool = pool
+}
+
 // on returns the URL of the test database on one server, bypassing the
 // multi-host string.
 func (p *pair) on(c *pgtest.Cluster) string {
