@@ -2,6 +2,7 @@ package failover
 
 import (
 	"context"
+	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -192,6 +193,48 @@ func TestKafkaAsynchronousFailoverConsumesTheLostRangeAgain(t *testing.T) {
 	if rows(promoted) >= rows(before) {
 		t.Fatalf("the promoted standby has %d effects and the primary had %d: no commit was lost, the test proves nothing", rows(promoted), rows(before))
 	}
+	if len(final) != messages || rows(final) != messages {
+		t.Errorf("%d effect rows for %d distinct messages, want %d of each; applied twice: %v", rows(final), len(final), messages, twice(final))
+	}
+}
+
+// The same failover with the consumer left running: the Kafka source keeps
+// the positions it holds in memory, past the range the promoted standby
+// lost, and never reads the stored offsets again, so that range is never
+// applied (about 270 of 3,000 messages in a run). docs/failover.md tells
+// users to restart their consumers after an asynchronous failover; this
+// test is the one to enable when the source notices that the stored
+// offsets went back (FAILOVER_KAFKA_RUNNING=1 runs it).
+func TestKafkaAsynchronousFailoverRunningConsumer(t *testing.T) {
+	if os.Getenv("FAILOVER_KAFKA_RUNNING") == "" {
+		t.Skip("known limitation: a running Kafka consumer skips the range an asynchronous failover lost (docs/failover.md); set FAILOVER_KAFKA_RUNNING=1 to run")
+	}
+	p := startPair(t, false)
+	k := newKafkaRun(t, p)
+	_, r := k.start()
+
+	k.h.waitApplied(t, messages/4)
+	k.g.hold(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.r.StopStreaming(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cut, _, _ := k.h.counts()
+	k.g.release()
+	k.h.waitApplied(t, cut+5*batchSize)
+	k.g.hold(t)
+	before := p.effects(p.r.Primary)
+	promoted := p.killAndPromote(k.g)
+	if rows(promoted) >= rows(before) {
+		t.Fatalf("the promoted standby has %d effects and the primary had %d: no commit was lost, the test proves nothing", rows(promoted), rows(before))
+	}
+	final := k.waitAll()
+	r.Stop(t)
+	final = p.effects(p.r.Standby)
 	if len(final) != messages || rows(final) != messages {
 		t.Errorf("%d effect rows for %d distinct messages, want %d of each; applied twice: %v", rows(final), len(final), messages, twice(final))
 	}
