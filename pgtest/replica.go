@@ -39,7 +39,6 @@ const StandbyName = "standby"
 type Replicated struct {
 	Primary, Standby *Cluster
 	sync             bool
-	promoted         bool
 }
 
 // StartReplicated starts a primary, copies it with pg_basebackup -R into a
@@ -267,7 +266,6 @@ func (r *Replicated) Promote(ctx context.Context) error {
 		return fmt.Errorf("pgtest: pg_ctl promote: %w\n%s\nserver log:\n%s",
 			err, bytes.TrimSpace(out), logTail(filepath.Join(s.dir, "log"), 20))
 	}
-	r.promoted = true
 	err = poll(ctx, "the promoted standby to accept writes", func() (bool, error) {
 		var ro string
 		err := queryRow(ctx, s.url, "SHOW transaction_read_only", nil, &ro)
