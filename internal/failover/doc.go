@@ -2,8 +2,9 @@
 // primary failover: a throwaway primary and a streaming standby (pgtest),
 // a multi-host connection string with target_session_attrs=read-write,
 // the primary killed mid-run and the standby promoted, with synchronous and
-// asynchronous replication, the test broker (consumertest, a source that
-// forgets what it acknowledged, as SQS does) and the Kafka source (whose
-// offsets are stored in Postgres). It has no non-test code; what the tests
-// show is written down in docs/postgres-settings.md.
+// asynchronous replication, with the test broker (consumertest, a source
+// that forgets what it acknowledged), the SQS source on the fauxqs
+// emulator and the Kafka source on kfake (whose offsets are stored in
+// Postgres). It has no non-test code; what the tests show is written down
+// in docs/failover.md.
 package failover
