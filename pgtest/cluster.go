@@ -26,6 +26,9 @@ type Options struct {
 	Fsync bool
 	// Logf receives progress lines; nil means quiet.
 	Logf func(format string, args ...any)
+	// Settings are more server settings ("name=value"), applied after the
+	// defaults, which they override. Defaults to none.
+	Settings []string
 }
 
 // Cluster is a running throwaway PostgreSQL server.
@@ -102,6 +105,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if !opts.Fsync {
 		settings = append(settings, "fsync=off", "synchronous_commit=off", "full_page_writes=off")
 	}
+	settings = append(settings, opts.Settings...)
 	var serverOpts []string
 	for _, s := range settings {
 		serverOpts = append(serverOpts, "-c", shellQuote(s))

@@ -1,0 +1,10 @@
+// Package failover holds the tests that run the consumer through a
+// primary failover: a throwaway primary and a streaming standby (pgtest),
+// a multi-host connection string with target_session_attrs=read-write,
+// the primary killed mid-run and the standby promoted, with synchronous and
+// asynchronous replication, with the test broker (consumertest, a source
+// that forgets what it acknowledged), the SQS source on the fauxqs
+// emulator and the Kafka source on kfake (whose offsets are stored in
+// Postgres). It has no non-test code; what the tests show is written down
+// in docs/failover.md.
+package failover

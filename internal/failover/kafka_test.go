@@ -1,0 +1,272 @@
+package failover
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/internal/kafkatest"
+	"github.com/effectively-once/effectively/sources/kafka"
+	"github.com/jackc/pgx/v5"
+	kafkago "github.com/segmentio/kafka-go"
+)
+
+// The invariant workload through a failover with the Kafka source, whose
+// offsets are stored in Postgres in the same transaction as the effects
+// and the markers.
+
+const partitions = 3
+
+// kafkaRun is a topic holding the workload and the group that consumes it.
+type kafkaRun struct {
+	t     *testing.T
+	p     *pair
+	kafka *kafkatest.Cluster
+	topic string
+	group string
+	h     *progress
+	g     *gate
+}
+
+// newKafkaRun produces the workload: messages 0..N-1 with idempotency-key
+// "k-i", every tenth produced twice (a producer's retry).
+func newKafkaRun(t *testing.T, p *pair) *kafkaRun {
+	t.Helper()
+	k := &kafkaRun{t: t, p: p, kafka: kafkatest.New(t), topic: kafkatest.Name("orders"), group: kafkatest.Name("ledger"),
+		h: newProgress(), g: newGate()}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := k.kafka.CreateTopic(ctx, k.topic, partitions); err != nil {
+		t.Fatal(err)
+	}
+	var msgs []kafkago.Message
+	for i := range messages {
+		m := kafkago.Message{Partition: i % partitions, Value: []byte("v"),
+			Headers: []kafkago.Header{{Key: kafka.DefaultIDHeader, Value: []byte("k-" + strconv.Itoa(i))}}}
+		msgs = append(msgs, m)
+		if i%10 == 0 {
+			msgs = append(msgs, m)
+		}
+	}
+	if err := k.kafka.Produce(ctx, k.topic, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// start runs a consumer of the group with a new Source, as a new process
+// of the application would.
+func (k *kafkaRun) start() (*kafka.Source, *consumertest.Running) {
+	k.t.Helper()
+	src, err := kafka.New(k.p.pool, kafka.Config{
+		Brokers:           k.kafka.Brokers(),
+		Group:             k.group,
+		Topics:            []string{k.topic},
+		MaxWait:           kafkatest.MaxWait,
+		SessionTimeout:    kafkatest.SessionTimeout,
+		HeartbeatInterval: kafkatest.HeartbeatInterval,
+		RebalanceTimeout:  5 * time.Second,
+		RevokeTimeout:     2 * time.Second,
+		JoinGroupBackoff:  200 * time.Millisecond,
+		Logger:            logger(),
+	})
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	k.t.Cleanup(func() { _ = src.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := dedupe.Migrate(ctx, k.p.pool, "", src.Migrations()...); err != nil {
+		k.t.Fatal(err)
+	}
+	strategy, err := idset.New(idset.Config{})
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	c := consumertest.NewConsumer(k.t, k.p.pool, src, consumer.Config{
+		Name:      "ledger",
+		Strategy:  strategy,
+		BatchSize: batchSize,
+		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			k.g.pass(ctx)
+			_, err := tx.Exec(ctx, `INSERT INTO effects (msg_id) VALUES ($1)`, m.DedupeKey.ID)
+			return err
+		},
+		RetryBackoff:    20 * time.Millisecond,
+		MaxRetryBackoff: 100 * time.Millisecond,
+		Hooks:           []consumer.Hook{k.h},
+		Logger:          logger(),
+	})
+	return src, consumertest.Start(c)
+}
+
+// waitAll waits until every message has an effect on the standby, the
+// server that accepts writes at the end.
+func (k *kafkaRun) waitAll() {
+	k.t.Helper()
+	timeout := time.After(time.Minute)
+	for {
+		k.h.mu.Lock()
+		changed := k.h.changed
+		k.h.mu.Unlock()
+		if counts := k.p.effects(k.p.r.Standby); len(counts) >= messages {
+			return
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			counts := k.p.effects(k.p.r.Standby)
+			k.t.Fatalf("after a minute %d of %d messages have an effect", len(counts), messages)
+		}
+	}
+}
+
+// waitStored waits until every partition has an offset stored in Postgres:
+// a partition without one resumes from the offset committed to Kafka (see
+// docs/failover.md), which an asynchronous failover does not take back.
+func (k *kafkaRun) waitStored() {
+	k.t.Helper()
+	timeout := time.After(time.Minute)
+	for {
+		k.h.mu.Lock()
+		changed := k.h.changed
+		k.h.mu.Unlock()
+		var n int
+		err := k.p.pool.QueryRow(context.Background(), `SELECT count(*) FROM effectively.kafka_offsets
+WHERE group_id = $1 AND next_offset IS NOT NULL`, k.group).Scan(&n)
+		if err != nil {
+			k.t.Fatal(err)
+		}
+		if n == partitions {
+			return
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			k.t.Fatalf("after a minute %d of %d partitions have an offset stored", n, partitions)
+		}
+	}
+}
+
+// Synchronous replication with the Kafka source: exactly one effect per
+// message, the consumer going on through the switch.
+func TestKafkaSynchronousFailover(t *testing.T) {
+	p := startPair(t, true)
+	k := newKafkaRun(t, p)
+	_, r := k.start()
+
+	k.h.waitApplied(t, messages/3)
+	appliedAtKill, _, _ := k.h.counts()
+	promoted := p.killAndPromote(k.g)
+	k.waitAll()
+	r.Stop(t)
+	final := p.effects(p.r.Standby)
+
+	_, unknown, errs := k.h.counts()
+	t.Logf("N=%d (%d records): %d reported applied at the kill, %d effects on the standby once promoted, %d at the end; %d batches rolled back by the switch, %d messages with an unknown COMMIT outcome",
+		messages, messages+messages/10, appliedAtKill, rows(promoted), rows(final), errs, unknown)
+	if rows(promoted) < appliedAtKill {
+		t.Errorf("the promoted standby has %d effects, fewer than the %d reported applied before the kill", rows(promoted), appliedAtKill)
+	}
+	if len(final) != messages || rows(final) != messages {
+		t.Errorf("%d effect rows for %d distinct messages, want %d of each; applied twice: %v", rows(final), len(final), messages, twice(final))
+	}
+}
+
+// Asynchronous replication with the Kafka source: the standby is cut off,
+// the consumer commits more batches on the primary alone, and the primary
+// dies. The promoted standby lacks those commits, and with them the
+// offsets they stored: a consumer that starts on it (a restart, or a new
+// member of the group) resumes from those older offsets and consumes the
+// lost range again, so every message ends with exactly one effect. Every
+// partition has an offset stored before the standby is cut off (see
+// waitStored).
+func TestKafkaAsynchronousFailoverConsumesTheLostRangeAgain(t *testing.T) {
+	p := startPair(t, false)
+	k := newKafkaRun(t, p)
+	src, r := k.start()
+
+	k.h.waitApplied(t, messages/4)
+	k.waitStored()
+	k.g.hold(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.r.StopStreaming(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cut, _, _ := k.h.counts()
+	k.g.release()
+	k.h.waitApplied(t, cut+5*batchSize)
+	k.g.hold(t)
+	before := p.effects(p.r.Primary)
+	promoted := p.killAndPromote(k.g)
+	r.Stop(t)
+	_ = src.Close()
+	p.reconnect()
+	_, r = k.start()
+	k.waitAll()
+	r.Stop(t)
+	final := p.effects(p.r.Standby)
+
+	_, unknown, errs := k.h.counts()
+	t.Logf("N=%d (%d records): %d effects on the primary at the kill, %d on the standby once promoted (cut off after %d applied): %d lost, %d at the end; %d batches rolled back by the switch, %d messages with an unknown COMMIT outcome",
+		messages, messages+messages/10, rows(before), rows(promoted), cut, rows(before)-rows(promoted), rows(final), errs, unknown)
+	if rows(promoted) >= rows(before) {
+		t.Fatalf("the promoted standby has %d effects and the primary had %d: no commit was lost, the test proves nothing", rows(promoted), rows(before))
+	}
+	if len(final) != messages || rows(final) != messages {
+		t.Errorf("%d effect rows for %d distinct messages, want %d of each; applied twice: %v", rows(final), len(final), messages, twice(final))
+	}
+}
+
+// The same failover with the consumer left running: the Kafka source keeps
+// the positions it holds in memory, past the range the promoted standby
+// lost, and never reads the stored offsets again, so that range is never
+// applied (about 270 of 3,000 messages in a run). docs/failover.md tells
+// users to restart their consumers after an asynchronous failover; this
+// test is the one to enable when the source notices that the stored
+// offsets went back (FAILOVER_KAFKA_RUNNING=1 runs it).
+func TestKafkaAsynchronousFailoverRunningConsumer(t *testing.T) {
+	if os.Getenv("FAILOVER_KAFKA_RUNNING") == "" {
+		t.Skip("known limitation: a running Kafka consumer skips the range an asynchronous failover lost (docs/failover.md); set FAILOVER_KAFKA_RUNNING=1 to run")
+	}
+	p := startPair(t, false)
+	k := newKafkaRun(t, p)
+	_, r := k.start()
+
+	k.h.waitApplied(t, messages/4)
+	k.waitStored()
+	k.g.hold(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.r.StopStreaming(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cut, _, _ := k.h.counts()
+	k.g.release()
+	k.h.waitApplied(t, cut+5*batchSize)
+	k.g.hold(t)
+	before := p.effects(p.r.Primary)
+	promoted := p.killAndPromote(k.g)
+	if rows(promoted) >= rows(before) {
+		t.Fatalf("the promoted standby has %d effects and the primary had %d: no commit was lost, the test proves nothing", rows(promoted), rows(before))
+	}
+	k.waitAll()
+	r.Stop(t)
+	final := p.effects(p.r.Standby)
+	if len(final) != messages || rows(final) != messages {
+		t.Errorf("%d effect rows for %d distinct messages, want %d of each; applied twice: %v", rows(final), len(final), messages, twice(final))
+	}
+}
