@@ -2,7 +2,6 @@ package failover
 
 import (
 	"context"
-	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -236,9 +235,6 @@ func TestKafkaAsynchronousFailoverConsumesTheLostRangeAgain(t *testing.T) {
 // test is the one to enable when the source notices that the stored
 // offsets went back (FAILOVER_KAFKA_RUNNING=1 runs it).
 func TestKafkaAsynchronousFailoverRunningConsumer(t *testing.T) {
-	if os.Getenv("FAILOVER_KAFKA_RUNNING") == "" {
-		t.Skip("known limitation: a running Kafka consumer skips the range an asynchronous failover lost (docs/failover.md); set FAILOVER_KAFKA_RUNNING=1 to run")
-	}
 	p := startPair(t, false)
 	k := newKafkaRun(t, p)
 	_, r := k.start()

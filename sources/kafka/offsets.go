@@ -26,7 +26,8 @@ type offsetStore struct {
 	schema string
 	table  string // raw name
 	claimSQL,
-	writeSQL string
+	writeSQL,
+	readSQL string
 }
 
 // claimLockTimeout bounds how long a claim waits for a row lock: only a
@@ -69,14 +70,19 @@ SELECT topic, partition, next_offset, false FROM claimed
 UNION ALL
 SELECT topic, partition, NULL, true FROM busy`,
 		// Written in the batch transaction: only by the current generation,
-		// and only forward.
+		// only forward, and only over the offset the writer knows is stored
+		// ($6, -1 when it knows none): a row that holds less, or is missing,
+		// went back behind the writer's back (a failover to a standby that
+		// lacked the last commits, or a replay moving the offsets back).
+		// xmax = 0 tells a row inserted by this statement.
 		writeSQL: `INSERT INTO ` + t + ` AS o (group_id, topic, partition, next_offset, generation)
 VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (group_id, topic, partition) DO UPDATE
 SET next_offset = GREATEST(o.next_offset, EXCLUDED.next_offset),
     generation = EXCLUDED.generation, updated_at = now()
-WHERE o.generation <= EXCLUDED.generation
-RETURNING o.next_offset`,
+WHERE o.generation <= EXCLUDED.generation AND COALESCE(o.next_offset, -1) >= $6
+RETURNING o.next_offset, o.xmax = 0`,
+		readSQL: `SELECT generation, next_offset FROM ` + t + ` WHERE group_id = $1 AND topic = $2 AND partition = $3`,
 	}
 	return st
 }
@@ -168,21 +174,58 @@ func sortPartitions(tps []topicPartition) {
 	})
 }
 
-// write stores next for one partition in tx; it fails with an error wrapping
-// consumer.ErrFenced when a newer generation owns the row.
-func (s *offsetStore) write(ctx context.Context, tx pgx.Tx, tp topicPartition, gen int32, next int64) error {
+// write stores next for one partition in tx, over known, the offset the
+// writer knows the table holds (-1 for none). It fails with an error
+// wrapping consumer.ErrFenced when a newer generation owns the row, and
+// with a *wentBackError (which wraps it too) when the row holds less than
+// known or is gone.
+func (s *offsetStore) write(ctx context.Context, tx pgx.Tx, tp topicPartition, gen int32, next, known int64) error {
 	var stored *int64
-	args := []any{s.group, tp.topic, int32(tp.partition), next, gen}
-	err := tx.QueryRow(ctx, s.writeSQL, args...).Scan(&stored)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("kafka: %s/%d of group %q is owned by a newer generation than %d: %w",
-			tp.topic, tp.partition, s.group, gen, consumer.ErrFenced)
-	}
-	if err != nil {
+	var inserted bool
+	args := []any{s.group, tp.topic, int32(tp.partition), next, gen, known}
+	err := tx.QueryRow(ctx, s.writeSQL, args...).Scan(&stored, &inserted)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		var rowGen int32
+		var rowNext *int64
+		if err := tx.QueryRow(ctx, s.readSQL, s.group, tp.topic, int32(tp.partition)).Scan(&rowGen, &rowNext); err != nil {
+			return s.wrap("store offset", err)
+		}
+		if rowGen > gen {
+			return fmt.Errorf("kafka: %s/%d of group %q is owned by a newer generation than %d: %w",
+				tp.topic, tp.partition, s.group, gen, consumer.ErrFenced)
+		}
+		found := int64(-1)
+		if rowNext != nil {
+			found = *rowNext
+		}
+		return &wentBackError{tp: tp, group: s.group, known: known, found: found}
+	case err != nil:
 		return s.wrap("store offset", err)
+	case inserted && known >= 0:
+		return &wentBackError{tp: tp, group: s.group, known: known, found: -1}
 	}
 	return nil
 }
+
+// wentBackError: the offsets table holds less for a partition than its
+// writer knows it stored, or nothing. The table went back behind the
+// writer's back (a failover to a standby that lacked the last commits, or
+// a replay moving the offsets back): the messages from the stored offset on
+// are to be consumed again, which a member of a new generation does, from
+// the offset it claims. It wraps consumer.ErrFenced: the batch is dropped.
+type wentBackError struct {
+	tp           topicPartition
+	group        string
+	known, found int64
+}
+
+func (e *wentBackError) Error() string {
+	return fmt.Sprintf("kafka: the offsets table holds %d for %s/%d of group %q, behind the %d this consumer stored (a database failover that lost commits, or a replay): %v",
+		e.found, e.tp.topic, e.tp.partition, e.group, e.known, consumer.ErrFenced)
+}
+
+func (e *wentBackError) Unwrap() error { return consumer.ErrFenced }
 
 func (s *offsetStore) wrap(what string, err error) error {
 	var pgErr *pgconn.PgError

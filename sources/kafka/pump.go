@@ -112,13 +112,16 @@ func (s *Source) buffer(ctx context.Context, l *lane, recs []fetchedRecord) bool
 // again.
 func (s *Source) storeSkipped(ctx context.Context, l *lane, next int64) {
 	tp := topicPartition{l.topic, l.partition}
+	s.mu.Lock()
+	known := l.persisted
+	s.mu.Unlock()
 	err := func() error {
 		tx, err := s.store.db.Begin(ctx)
 		if err != nil {
 			return fmt.Errorf("kafka: store offset: %w", err)
 		}
 		defer func() { _ = tx.Rollback(context.Background()) }()
-		if err := s.store.write(ctx, tx, tp, l.gen.id, next); err != nil {
+		if err := s.store.write(ctx, tx, tp, l.gen.id, next, known); err != nil {
 			return err
 		}
 		return tx.Commit(ctx)
@@ -131,7 +134,7 @@ func (s *Source) storeSkipped(ctx context.Context, l *lane, next int64) {
 	case errors.Is(err, consumer.ErrFenced):
 		l.fenced = true
 		s.sched.Stop(l.name)
-		s.log.Warn("kafka: partition fenced by a newer generation", "group", s.cfg.Group, "lane", l.name, "generation", l.gen.id)
+		s.fenced(l, err)
 	case ctx.Err() == nil:
 		s.log.Warn("kafka: storing the offset after dropped records", "group", s.cfg.Group, "lane", l.name, "offset", next, "err", err)
 	}

@@ -180,20 +180,35 @@ func (s *Source) BeforeCommit(ctx context.Context, tx pgx.Tx, b *consumer.Batch,
 	if s.store != nil && len(ack) > 0 {
 		l.writing = next
 	}
+	known := l.persisted
 	s.mu.Unlock()
 	if s.store == nil || len(ack) == 0 {
 		return nil
 	}
-	err := s.store.write(ctx, tx, topicPartition{l.topic, l.partition}, l.gen.id, next)
+	err := s.store.write(ctx, tx, topicPartition{l.topic, l.partition}, l.gen.id, next, known)
 	if errors.Is(err, consumer.ErrFenced) {
 		s.mu.Lock()
 		l.fenced = true
 		s.sched.Stop(l.name)
 		s.sched.Finish(b, false) // nothing of it is acknowledged or retried
 		s.mu.Unlock()
-		s.log.Warn("kafka: partition fenced by a newer generation", "group", s.cfg.Group, "lane", l.name, "generation", l.gen.id)
+		s.fenced(l, err)
 	}
 	return err
+}
+
+// fenced reports a lane whose offsets write was refused. When the table
+// went back, the generation ends, so that the member rejoins and consumes
+// again from the offset stored.
+func (s *Source) fenced(l *lane, err error) {
+	var back *wentBackError
+	if errors.As(err, &back) {
+		s.log.Error("kafka: the offsets table went back; rejoining the group to consume again from the stored offset",
+			"group", s.cfg.Group, "lane", l.name, "generation", l.gen.id, "stored", back.found, "known", back.known)
+		l.gen.end()
+		return
+	}
+	s.log.Warn("kafka: partition fenced by a newer generation", "group", s.cfg.Group, "lane", l.name, "generation", l.gen.id)
 }
 
 // Settle records a batch's outcome: acked messages move the partition's
