@@ -154,20 +154,7 @@ func TestAsynchronousFailoverLosesAcknowledged(t *testing.T) {
 	b, r := startBrokerConsumer(t, p, h, g)
 
 	h.waitApplied(t, messages/4)
-	g.hold(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := p.r.CatchUp(ctx); err != nil { // the standby has what was applied so far
-		t.Fatal(err)
-	}
-	if err := p.r.StopStreaming(ctx); err != nil {
-		t.Fatal(err)
-	}
-	cut, _, _ := h.counts()
-	g.release()
-	h.waitApplied(t, cut+5*batchSize) // at least five batches committed and acknowledged after the cut
-	g.hold(t)
-	before := p.effects(p.r.Primary)
+	cut, before := p.cutOff(h, g)
 	promoted := p.killAndPromote(g)
 	finish(t, b, r)
 	final := p.effects(p.r.Standby)

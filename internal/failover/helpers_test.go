@@ -124,6 +124,30 @@ func (p *pair) killAndPromote(g *gate) map[string]int {
 	return promoted
 }
 
+// cutOff stops the standby's streaming once it has caught up with what
+// was applied, holding the consumer at g meanwhile, then lets at least
+// five more batches commit (and be acknowledged) on the primary alone,
+// and holds the consumer again. It returns how many messages were applied
+// at the cut, and the primary's effects at the end: the commits a
+// promoted standby will lack.
+func (p *pair) cutOff(h *progress, g *gate) (cut int, before map[string]int) {
+	p.t.Helper()
+	g.hold(p.t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.r.CatchUp(ctx); err != nil {
+		p.t.Fatal(err)
+	}
+	if err := p.r.StopStreaming(ctx); err != nil {
+		p.t.Fatal(err)
+	}
+	cut, _, _ = h.counts()
+	g.release()
+	h.waitApplied(p.t, cut+5*batchSize)
+	g.hold(p.t)
+	return cut, p.effects(p.r.Primary)
+}
+
 // rows sums the effect rows of counts.
 func rows(counts map[string]int) int {
 	n := 0

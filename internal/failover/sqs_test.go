@@ -170,20 +170,7 @@ func TestSQSAsynchronousFailoverLosesAcknowledged(t *testing.T) {
 	r := s.start()
 
 	s.h.waitApplied(t, messages/4)
-	s.g.hold(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := p.r.CatchUp(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.r.StopStreaming(ctx); err != nil {
-		t.Fatal(err)
-	}
-	cut, _, _ := s.h.counts()
-	s.g.release()
-	s.h.waitApplied(t, cut+5*batchSize)
-	s.g.hold(t)
-	before := p.effects(p.r.Primary)
+	cut, before := p.cutOff(s.h, s.g)
 	promoted := p.killAndPromote(s.g)
 	s.waitDrained()
 	r.Stop(t)
