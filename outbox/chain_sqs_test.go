@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -95,52 +94,8 @@ CREATE TABLE b_effects (serial bigserial, input text, account text, msg_id text,
 	if err != nil {
 		t.Fatal(err)
 	}
-	var crashes, stops, incarnations atomic.Int64
-	relayCtx, stopRelays := context.WithCancel(ctx)
-	var relays sync.WaitGroup
-	for slot := range 2 {
-		relays.Add(1)
-		go func() {
-			defer relays.Done()
-			for life := 0; relayCtx.Err() == nil; life++ {
-				incarnations.Add(1)
-				var passes atomic.Int64
-				crashAt, stopAt := int64(-1), int64(-1)
-				switch {
-				case life < 3:
-					crashAt = int64(2 + (slot+life)%3)
-				case life == 3:
-					stopAt = 2
-				}
-				lifeCtx, stopLife := context.WithCancel(relayCtx)
-				r, err := NewRelay(db, RelayConfig{Sinks: map[string]Sink{"balances": sink}, LeaseTTL: time.Second,
-					BatchSize: 200, PollInterval: 200 * time.Millisecond, Logger: consumertest.Logger(),
-					afterPublish: func([]row) error {
-						switch passes.Add(1) {
-						case crashAt:
-							crashes.Add(1)
-							return errCrash
-						case stopAt:
-							stops.Add(1)
-							stopLife() // a graceful stop in mid-pass: what was published is marked
-						}
-						return nil
-					}})
-				if err != nil {
-					stopLife()
-					t.Error(err)
-					return
-				}
-				err = r.Run(lifeCtx)
-				stopLife()
-				if err != nil && err != errCrash {
-					t.Error(err)
-					return
-				}
-			}
-		}()
-	}
-	defer func() { stopRelays(); relays.Wait() }()
+	relays := startRelaySlots(t, ctx, db, sink)
+	defer relays.stop()
 
 	// Stage B, restarted twice while it runs.
 	strategyB, err := idset.New(idset.Config{Table: "processed_b"})
@@ -197,8 +152,7 @@ CREATE TABLE b_effects (serial bigserial, input text, account text, msg_id text,
 	cancel()
 	runA.Stop(t)
 	waitRows(t, db, time.Minute, 0, `SELECT count(*) FROM effectively.outbox WHERE published_at IS NULL`)
-	stopRelays()
-	relays.Wait()
+	relays.stop()
 	runB.Stop(t)
 
 	checkChain(t, db, inputs, chainChecks{noNulls: true, noOrder: !fifo})
@@ -209,8 +163,8 @@ CREATE TABLE b_effects (serial bigserial, input text, account text, msg_id text,
 		t.Fatalf("%d messages parked, want none: first %+v", len(parked), parked[0])
 	}
 	t.Logf("chain (SQS, fifo %v): %d inputs (%d sent twice), stage A broker %+v; relays: %d incarnations, %d crashes before marking, %d stops mid-pass; stage A: 1 restart; stage B: %d restarts, %s",
-		fifo, inputs, logicalDupes, broker.Stats(), incarnations.Load(), crashes.Load(), stops.Load(), restartsB, counterB)
-	if crashes.Load() == 0 {
+		fifo, inputs, logicalDupes, broker.Stats(), relays.incarnations.Load(), relays.crashes.Load(), relays.stops.Load(), restartsB, counterB)
+	if relays.crashes.Load() == 0 {
 		t.Fatal("no relay crashed: the test did not test what it says")
 	}
 }

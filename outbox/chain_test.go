@@ -126,52 +126,8 @@ ORDER BY ord`, inputs, accounts, ids)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var crashes, stops, incarnations atomic.Int64
-	relayCtx, stopRelays := context.WithCancel(ctx)
-	var relays sync.WaitGroup
-	for slot := range 2 {
-		relays.Add(1)
-		go func() {
-			defer relays.Done()
-			for life := 0; relayCtx.Err() == nil; life++ {
-				incarnations.Add(1)
-				var passes atomic.Int64
-				crashAt, stopAt := int64(-1), int64(-1)
-				switch {
-				case life < 3:
-					crashAt = int64(2 + (slot+life)%3)
-				case life == 3:
-					stopAt = 2
-				}
-				lifeCtx, stopLife := context.WithCancel(relayCtx)
-				r, err := NewRelay(db, RelayConfig{Sinks: map[string]Sink{"balances": sink}, LeaseTTL: time.Second,
-					BatchSize: 200, PollInterval: 200 * time.Millisecond, Logger: consumertest.Logger(),
-					afterPublish: func([]row) error {
-						switch passes.Add(1) {
-						case crashAt:
-							crashes.Add(1)
-							return errCrash
-						case stopAt:
-							stops.Add(1)
-							stopLife() // a graceful stop in mid-pass: what was published is marked
-						}
-						return nil
-					}})
-				if err != nil {
-					stopLife()
-					t.Error(err)
-					return
-				}
-				err = r.Run(lifeCtx)
-				stopLife()
-				if err != nil && err != errCrash {
-					t.Error(err)
-					return
-				}
-			}
-		}()
-	}
-	defer func() { stopRelays(); relays.Wait() }()
+	relays := startRelaySlots(t, ctx, db, sink)
+	defer relays.stop()
 
 	// Stage B, restarted twice while it runs.
 	group := kafkatest.Name("stage-b")
@@ -226,14 +182,13 @@ ORDER BY ord`, inputs, accounts, ids)
 	cancel()
 	runA.Stop(t)
 	waitRows(t, db, time.Minute, 0, `SELECT count(*) FROM effectively.outbox WHERE published_at IS NULL`)
-	stopRelays()
-	relays.Wait()
+	relays.stop()
 	runB.Stop(t)
 
 	checkChain(t, db, inputs, chainChecks{})
 	t.Logf("chain: %d inputs (%d sent twice), stage A broker %+v; relays: %d incarnations, %d crashes before marking, %d stops mid-pass; stage A: 1 restart; stage B: %d restarts, %s",
-		inputs, logicalDupes, broker.Stats(), incarnations.Load(), crashes.Load(), stops.Load(), restartsB, counterB)
-	if crashes.Load() == 0 {
+		inputs, logicalDupes, broker.Stats(), relays.incarnations.Load(), relays.crashes.Load(), relays.stops.Load(), restartsB, counterB)
+	if relays.crashes.Load() == 0 {
 		t.Fatal("no relay crashed: the test did not test what it says")
 	}
 }
@@ -296,4 +251,63 @@ FROM b_effects`).Scan(&total, &distinct, &badNull, &badEmpty, &aCount, &nulls, &
 			t.Fatalf("key %s: stage B applied %d messages in an order other than the %d committed", k, len(applied[k]), len(want))
 		}
 	}
+}
+
+// relaySlots are the chained tests' two relay slots. In each, a relay
+// crashes (after a publish, before its marks) on a pass of its choosing
+// for its first three incarnations, the fourth stops gracefully in
+// mid-pass, and later ones run until stop.
+type relaySlots struct {
+	crashes, stops, incarnations atomic.Int64
+	stop                         func() // stops the relays and waits for them
+}
+
+func startRelaySlots(t *testing.T, ctx context.Context, db *pgxpool.Pool, sink Sink) *relaySlots {
+	s := &relaySlots{}
+	relayCtx, stopRelays := context.WithCancel(ctx)
+	var relays sync.WaitGroup
+	for slot := range 2 {
+		relays.Add(1)
+		go func() {
+			defer relays.Done()
+			for life := 0; relayCtx.Err() == nil; life++ {
+				s.incarnations.Add(1)
+				var passes atomic.Int64
+				crashAt, stopAt := int64(-1), int64(-1)
+				switch {
+				case life < 3:
+					crashAt = int64(2 + (slot+life)%3)
+				case life == 3:
+					stopAt = 2
+				}
+				lifeCtx, stopLife := context.WithCancel(relayCtx)
+				r, err := NewRelay(db, RelayConfig{Sinks: map[string]Sink{"balances": sink}, LeaseTTL: time.Second,
+					BatchSize: 200, PollInterval: 200 * time.Millisecond, Logger: consumertest.Logger(),
+					afterPublish: func([]row) error {
+						switch passes.Add(1) {
+						case crashAt:
+							s.crashes.Add(1)
+							return errCrash
+						case stopAt:
+							s.stops.Add(1)
+							stopLife() // a graceful stop in mid-pass: what was published is marked
+						}
+						return nil
+					}})
+				if err != nil {
+					stopLife()
+					t.Error(err)
+					return
+				}
+				err = r.Run(lifeCtx)
+				stopLife()
+				if err != nil && err != errCrash {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	s.stop = func() { stopRelays(); relays.Wait() }
+	return s
 }
