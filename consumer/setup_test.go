@@ -128,3 +128,22 @@ func ids(prefix string, n int) []string {
 	}
 	return out
 }
+
+// checkOnceEach checks that want distinct messages were applied, each
+// once, and that the broker's duplicates reached the strategy (or the run
+// did not test dedupe).
+func (e *env) checkOnceEach(want int) {
+	e.t.Helper()
+	counts := e.effectCounts()
+	if len(counts) != want {
+		e.t.Errorf("%d messages applied, want %d", len(counts), want)
+	}
+	for id, n := range counts {
+		if n != 1 {
+			e.t.Errorf("%s applied %d times", id, n)
+		}
+	}
+	if st := e.hooks.Total(); st.Duplicate == 0 {
+		e.t.Error("no duplicates seen: the test did not test dedupe")
+	}
+}
