@@ -2,12 +2,16 @@ package cli_test
 
 import (
 	"context"
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/effectively-once/effectively/cli"
+	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -87,5 +91,42 @@ func TestMigrateRefusesCachedStatementsThroughPgBouncer(t *testing.T) {
 	}
 	if n := e.count(`SELECT count(*) FROM pg_namespace WHERE nspname = 'effectively'`); n != 0 {
 		t.Fatal("migrate created the schema before refusing")
+	}
+}
+
+// A Kafka consumer, a replay and a redrive, all through PgBouncer in
+// transaction pooling: the consumer parks every tenth message, the replay
+// moves the group back to offset 0 and the consumer finds every message a
+// duplicate, and the redrive, once the handler is fixed, applies the
+// parked ones: every message has exactly one effect.
+func TestReplayAndRedriveThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	e := newKenvOn(t, bouncerEnv(t), 2)
+	key := func(i int) string { return fmt.Sprintf("k-%d", i) }
+	bad := func(i int) bool { return i%10 == 7 }
+	f := &fixable{}
+	e.produce(0, 60, time.Now(), key, bad)
+	if st := e.drain(f.handle); st.Applied != 54 || st.Parked != 6 {
+		t.Fatalf("first run: %+v, want 54 applied and 6 parked", st)
+	}
+	e.replay("--to-offset", "0")
+	for p, o := range e.storedOffsets() {
+		if o != 0 {
+			t.Fatalf("partition %d stored at %d after the replay, want 0", p, o)
+		}
+	}
+	if st := e.drain(f.handle); st.Applied != 0 || st.Duplicate != 60 || st.Parked != 0 {
+		t.Fatalf("after the replay: %+v, want 60 duplicates", st)
+	}
+	f.fix()
+	ops := cli.Options{Handlers: map[string]consumer.Handler{"ledger": f.handle}}
+	if r := e.must(ops, "parked", "redrive", "--scope", "ledger", "--handler", "ledger", "--yes"); !strings.Contains(r.out, "applied 6,") {
+		t.Fatalf("redrive:\n%s", r.out)
+	}
+	if n := e.count(`SELECT count(DISTINCT msg_id) FROM effects`); n != 60 {
+		t.Fatalf("%d messages have an effect, want 60", n)
+	}
+	if n := e.count(`SELECT count(*) FROM effects`); n != 60 {
+		t.Fatalf("%d effect rows for 60 messages", n)
 	}
 }

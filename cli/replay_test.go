@@ -26,7 +26,12 @@ type kenv struct {
 }
 
 func newKenv(t *testing.T, partitions int) *kenv {
-	e := &kenv{env: newEnv(t), k: kafkatest.New(t), topic: kafkatest.Name("transfers"), group: kafkatest.Name("ledger"), partitions: partitions}
+	return newKenvOn(t, newEnv(t), partitions)
+}
+
+// newKenvOn is newKenv on the database of base.
+func newKenvOn(t *testing.T, base *env, partitions int) *kenv {
+	e := &kenv{env: base, k: kafkatest.New(t), topic: kafkatest.Name("transfers"), group: kafkatest.Name("ledger"), partitions: partitions}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := e.k.CreateTopic(ctx, e.topic, partitions); err != nil {

@@ -239,3 +239,71 @@ func TestKafkaAsynchronousFailoverRunningConsumer(t *testing.T) {
 		t.Errorf("%d effect rows for %d distinct messages, want %d of each; applied twice: %v", rows(final), len(final), messages, twice(final))
 	}
 }
+
+// waitKafkaCommitted waits until Kafka holds a committed offset of the
+// group for at least one partition: the source commits there only after
+// the transaction that stored the offset in Postgres committed.
+func (k *kafkaRun) waitKafkaCommitted() map[int]int64 {
+	k.t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		got, err := k.kafka.CommittedOffsets(ctx, k.group, k.topic)
+		cancel()
+		if err != nil {
+			k.t.Fatal(err)
+		}
+		for _, off := range got {
+			if off > 0 {
+				return got
+			}
+		}
+		if time.Now().After(deadline) {
+			k.t.Fatalf("after a minute Kafka holds no committed offset of group %s: %v", k.group, got)
+		}
+		time.Sleep(50 * time.Millisecond) // polling Kafka: no event to wait on
+	}
+}
+
+// An asynchronous failover that loses every commit of the group: the
+// standby is cut off before the first batch commits, so the promoted
+// standby holds no offset row at all for the group, while Kafka holds the
+// offsets the source committed there after those lost commits. The
+// source does not take Kafka's offsets for the starting point then: it
+// starts each such partition again from where it first started consuming
+// it (kept with its Kafka commits), and every message ends with exactly
+// one effect, whether the consumer ran on through the switch or was
+// started again on the promoted standby.
+func TestKafkaAsynchronousFailoverLosesTheFirstCommits(t *testing.T) {
+	for _, restart := range []bool{false, true} {
+		t.Run(map[bool]string{false: "running", true: "restarted"}[restart], func(t *testing.T) {
+			p := startPair(t, false)
+			k := newKafkaRun(t, p)
+			src, r := k.start()
+
+			cut, before := p.cutOff(k.h, k.g)
+			if cut != 0 {
+				t.Fatalf("%d messages applied before the standby was cut off, want none", cut)
+			}
+			committed := k.waitKafkaCommitted()
+			promoted := p.killAndPromote(k.g)
+			if restart {
+				r.Stop(t)
+				_ = src.Close()
+				p.reconnect()
+				_, r = k.start()
+			}
+			k.waitAll()
+			r.Stop(t)
+			final := p.effects(p.r.Standby)
+			t.Logf("N=%d: %d effects on the primary at the kill, Kafka offsets committed %v, %d effects on the promoted standby, %d at the end",
+				messages, rows(before), committed, rows(promoted), rows(final))
+			if rows(promoted) != 0 {
+				t.Fatalf("the promoted standby has %d effects, want none: the test proves nothing", rows(promoted))
+			}
+			if len(final) != messages || rows(final) != messages {
+				t.Errorf("%d effect rows for %d distinct messages, want %d of each; applied twice: %v", rows(final), len(final), messages, twice(final))
+			}
+		})
+	}
+}

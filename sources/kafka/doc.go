@@ -18,7 +18,14 @@
 //
 // When a generation is assigned a partition it claims the partition's row
 // (raising its generation) and seeks to the stored offset, falling back to
-// the offset committed to Kafka and then to Config.StartOffset. A consumer
+// the offset committed to Kafka and then to Config.StartOffset. The
+// offsets the source commits to Kafka carry metadata: that they followed a
+// Postgres commit, and the partition's origin (where the group first
+// consumed it with its offsets in Postgres). A partition with no stored
+// offset whose Kafka commit carries it lost its row with the database's
+// last commits (an asynchronous failover, a restore), and its effects and
+// markers with it: the source consumes it again from its origin, not from
+// the offset in Kafka (docs/failover.md). A consumer
 // of an older generation (a zombie that missed a rebalance) can then no
 // longer write the row: its BeforeCommit fails with an error wrapping
 // consumer.ErrFenced, the transaction rolls back, and its batch leaves no

@@ -82,6 +82,7 @@ type fetchedRecord struct {
 // aborted transactions), so no offset below it is ever delivered later.
 type fetchResult struct {
 	records []fetchedRecord
+	from    int64 // the offset fetched from
 	next    int64
 }
 
@@ -194,7 +195,7 @@ func (f *fetcher) fetch(ctx context.Context) (fetchResult, error) {
 	if err != nil {
 		return fetchResult{next: f.offset}, err
 	}
-	f.offset = out.next
+	out.from, f.offset = f.offset, out.next
 	return out, nil
 }
 

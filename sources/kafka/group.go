@@ -171,6 +171,10 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 
 	pumpCtx, stopPumps := context.WithCancel(context.Background())
 	var pumps sync.WaitGroup
+	// commits is what Kafka holds for the partitions, with the metadata
+	// kafka-go's generation does not expose (see origin.go); read before
+	// the first claim, when the offsets are kept in Postgres.
+	var commits map[topicPartition]kafkaCommit
 	// startLanes starts consuming the claimed partitions, each from its
 	// offset stored in Postgres (-1: none), else the one in Kafka.
 	startLanes := func(claimed []topicPartition, stored map[topicPartition]int64) {
@@ -180,16 +184,14 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 		}
 		var lanes []started
 		for _, tp := range claimed {
-			start := kafkaStart[tp]
-			if next, ok := stored[tp]; ok && next >= 0 {
-				start = next
-			}
+			start, origin := s.startOffset(tp, gen.ID, kafkaStart[tp], stored, commits)
 			s.mu.Lock()
 			s.forgetCounts(tp, start)
 			s.mu.Unlock()
 			l := &lane{
 				name: laneName(tp.topic, tp.partition), topic: tp.topic, partition: tp.partition, gen: g,
 				fetched: -1, delivered: -1, committed: -1, persisted: -1, writing: -1, kafkaCommitted: -1,
+				origin: origin,
 			}
 			if start >= 0 {
 				l.fetched, l.delivered, l.committed = start, start, start
@@ -235,6 +237,11 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 	claims.Add(1)
 	go func() {
 		defer claims.Done()
+		if s.store != nil && len(tps) > 0 {
+			if commits = s.readKafkaCommits(claimCtx, gen.ID, tps); commits == nil {
+				return // the generation ended first
+			}
+		}
 		s.claimPartitions(claimCtx, gen.ID, tps, startLanes)
 	}()
 
@@ -331,32 +338,33 @@ func (s *Source) inFlight(lanes []*lane) bool {
 // tooling and lag monitoring (and as the position itself with
 // KafkaOffsetsOnly). It never commits past what committed in Postgres.
 func (s *Source) commitKafka(gen *kafkago.Generation, g *generation) {
-	offsets := make(map[string]map[int]int64)
+	offsets := make(map[string][]kafkago.OffsetCommit)
 	s.mu.Lock()
 	for _, l := range g.lanes {
 		point := l.committed
+		var meta string
 		if s.store != nil {
 			point = min(point, l.persisted) // past records dropped, but not yet stored
+			meta = originMetadata(min(l.origin, point))
 		}
 		if point > l.kafkaCommitted {
-			if offsets[l.topic] == nil {
-				offsets[l.topic] = make(map[int]int64)
-			}
-			offsets[l.topic][l.partition] = point
+			offsets[l.topic] = append(offsets[l.topic], kafkago.OffsetCommit{Partition: l.partition, Offset: point, Metadata: meta})
 		}
 	}
 	s.mu.Unlock()
 	if len(offsets) == 0 {
 		return
 	}
-	if err := gen.CommitOffsets(offsets); err != nil {
+	if err := s.commitOffsets(context.Background(), gen, offsets); err != nil {
 		s.log.Debug("kafka: committing offsets to Kafka", "group", s.cfg.Group, "generation", g.id, "err", err)
 		return
 	}
 	s.mu.Lock()
 	for _, l := range g.lanes {
-		if off, ok := offsets[l.topic][l.partition]; ok && off > l.kafkaCommitted {
-			l.kafkaCommitted = off
+		for _, c := range offsets[l.topic] {
+			if c.Partition == l.partition && c.Offset > l.kafkaCommitted {
+				l.kafkaCommitted = c.Offset
+			}
 		}
 	}
 	s.mu.Unlock()

@@ -42,6 +42,11 @@ type lane struct {
 	// in-flight batch's BeforeCommit stored, and kafkaCommitted what Kafka
 	// holds; -1 when unknown.
 	fetched, delivered, committed, persisted, writing, kafkaCommitted int64
+	// origin is the offset from which the group first consumed the
+	// partition with its offsets in Postgres, committed to Kafka with the
+	// offsets (see origin.go); -1 until known (the fetcher resolves a
+	// start such as kafkago.FirstOffset).
+	origin int64
 }
 
 func offsetOf(m *consumer.Message) int64 { return m.SourceData.(*delivery).offset }

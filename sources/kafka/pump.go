@@ -39,6 +39,9 @@ func (s *Source) pump(ctx context.Context, l *lane, f *fetcher) {
 			s.mu.Unlock()
 			return
 		}
+		if l.origin < 0 && len(res.records) > 0 {
+			l.origin = res.from // the start the fetcher resolved
+		}
 		target, write := l.skipTo(res.next, s.sched.Lane(l.name), s.store != nil)
 		s.mu.Unlock()
 		if write {

@@ -26,7 +26,10 @@ type Source struct {
 	cfg    Config
 	store  *offsetStore // nil with KafkaOffsetsOnly
 	dialer *kafkago.Dialer
-	log    *slog.Logger
+	// transport carries the source's own requests to the group
+	// coordinator (offsets with their metadata, see origin.go).
+	transport *kafkago.Transport
+	log       *slog.Logger
 
 	startOnce sync.Once
 	closeOnce sync.Once
@@ -76,9 +79,10 @@ func New(db dedupe.DB, cfg Config) (*Source, error) {
 			TLS:           cfg.TLS,
 			SASLMechanism: cfg.SASL,
 		},
-		runDone: make(chan struct{}),
-		counts:  map[topicPartition]*deliveryCounts{},
-		sched:   consumer.NewLanes(consumer.LanesConfig{LaneBuffer: cfg.PartitionBuffer}),
+		transport: &kafkago.Transport{TLS: cfg.TLS, SASL: cfg.SASL, ClientID: cfg.ClientID, DialTimeout: cfg.DialTimeout},
+		runDone:   make(chan struct{}),
+		counts:    map[topicPartition]*deliveryCounts{},
+		sched:     consumer.NewLanes(consumer.LanesConfig{LaneBuffer: cfg.PartitionBuffer}),
 	}
 	if !cfg.KafkaOffsetsOnly {
 		if db == nil {
@@ -260,6 +264,7 @@ func (s *Source) Close() error {
 			_ = s.group.Close()
 			<-s.runDone
 		}
+		s.transport.CloseIdleConnections()
 	})
 	return nil
 }

@@ -29,7 +29,12 @@ type e2e struct {
 
 func newE2E(t testing.TB, queue string) *e2e {
 	t.Helper()
-	pool := pgtest.NewPool(t)
+	return newE2EOn(t, queue, pgtest.NewPool(t))
+}
+
+// newE2EOn is newE2E on the database of pool.
+func newE2EOn(t testing.TB, queue string, pool *pgxpool.Pool) *e2e {
+	t.Helper()
 	_, err := pool.Exec(context.Background(), `CREATE TABLE effects (
 		n       bigserial PRIMARY KEY,
 		msg_id  text NOT NULL,
