@@ -31,16 +31,13 @@ func (s *Source) pump(ctx context.Context, l *lane, f *fetcher) {
 			return
 		case res = <-results:
 		}
-		if !s.buffer(ctx, l, res.records) {
+		if !s.buffer(ctx, l, res.records, res.from) {
 			return
 		}
 		s.mu.Lock()
 		if l.state != laneActive {
 			s.mu.Unlock()
 			return
-		}
-		if l.origin < 0 && len(res.records) > 0 {
-			l.origin = res.from // the start the fetcher resolved
 		}
 		target, write := l.skipTo(res.next, s.sched.Lane(l.name), s.store != nil)
 		s.mu.Unlock()
@@ -79,8 +76,10 @@ func (s *Source) fetchLoop(ctx context.Context, l *lane, f *fetcher, results cha
 
 // buffer hands recs to the scheduler as l's, waiting while l holds
 // PartitionBuffer undelivered records; false when the lane was stopped
-// (revoked, fenced) or ctx is done.
-func (s *Source) buffer(ctx context.Context, l *lane, recs []fetchedRecord) bool {
+// (revoked, fenced) or ctx is done. from is the offset recs were fetched
+// from: the lane's origin, if it has none yet, set before any record of
+// the lane can be handed out and its offset committed.
+func (s *Source) buffer(ctx context.Context, l *lane, recs []fetchedRecord, from int64) bool {
 	ds := make([]*consumer.Message, len(recs))
 	for i := range recs {
 		ds[i] = &newDelivery(l, &recs[i], s.cfg.IDHeader).msg
@@ -94,6 +93,9 @@ func (s *Source) buffer(ctx context.Context, l *lane, recs []fetchedRecord) bool
 		s.mu.Lock()
 		ok := l.state == laneActive
 		if ok {
+			if l.origin < 0 {
+				l.origin = from
+			}
 			for _, m := range ds[:n] {
 				m.Attempt = s.firstAttempt(l, offsetOf(m))
 			}
