@@ -41,11 +41,11 @@ type Source struct {
 
 	mu       sync.Mutex
 	closed   bool
-	running  bool                  // a consumer is fetching (see noteFetchEnd)
-	stopping bool                  // a Fetch ended with its context since the last began
-	fetchers int                   // Fetch calls in progress
-	inFlight int                   // batches fetched and not settled
-	up       chan struct{}         // closed while running
+	running  bool                   // a consumer is fetching (see noteFetchEnd)
+	stopping bool                   // a Fetch ended with its context since the last began
+	fetchers int                    // Fetch calls in progress
+	inFlight int                    // batches fetched and not settled
+	up       chan struct{}          // closed while running
 	queued   map[*delivery]struct{} // verified requests not yet fetched
 }
 
@@ -324,4 +324,25 @@ func (s *Source) laneOf(r *http.Request, body []byte, id string) string {
 	h := fnv.New32a()
 	h.Write([]byte(id))
 	return s.laneName[h.Sum32()%uint32(len(s.laneName))]
+}
+
+// Stats is a snapshot of a Source's state.
+type Stats struct {
+	// Queued counts the verified requests waiting for the consumer to
+	// fetch them.
+	Queued int
+	// InFlight counts the batches fetched and not yet settled.
+	InFlight int
+	// Tracked counts the events whose unacknowledged deliveries are
+	// counted (see Config.MaxTracked).
+	Tracked int
+}
+
+// Stats returns a snapshot of the source's state, for metrics.
+func (s *Source) Stats() Stats {
+	s.mu.Lock()
+	st := Stats{Queued: len(s.queued), InFlight: s.inFlight}
+	s.mu.Unlock()
+	st.Tracked = s.tries.len()
+	return st
 }
