@@ -300,7 +300,12 @@ func TestUnavailable(t *testing.T) {
 	e.start()
 	expectStatus(t, "once it runs", e.post(body), http.StatusOK)
 	e.stop()
-	expectStatus(t, "after it stopped", e.post(event("evt_late", 1)), http.StatusServiceUnavailable)
+	// A guard, not a wait: a source that missed the stop would hold the
+	// request until its client gives up.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	late := event("evt_late", 1)
+	expectStatus(t, "after it stopped", e.do(ctx, http.MethodPost, late, stripeSign(testSecret, time.Now(), late)), http.StatusServiceUnavailable)
 	e.start()
 	expectStatus(t, "once it runs again", e.post(event("evt_late", 1)), http.StatusOK)
 	e.stop()
@@ -331,6 +336,9 @@ func TestClientGone(t *testing.T) {
 	// One worker: while the blocker's batch is in flight, nothing is
 	// fetched.
 	e := newEnv(t, webhook.Config{}, consumer.Config{Handler: handler, Concurrency: 1})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock) // before the server waits for the blocker's request
 	gone := make(chan webhook.Delivery, 1)
 	e.mu.Lock()
 	e.watch = func(d webhook.Delivery) {
@@ -361,7 +369,7 @@ func TestClientGone(t *testing.T) {
 	if d.ID != "evt_left" {
 		t.Fatalf("ResultGone for %q, want evt_left", d.ID)
 	}
-	close(release)
+	unblock()
 	expectStatus(t, "the blocker", <-blocked, http.StatusOK)
 	if n := e.effects("evt_left"); n != 0 {
 		t.Fatalf("the request whose client left was applied %d times", n)
@@ -396,4 +404,49 @@ func deref(s *string) string {
 		return ""
 	}
 	return *s
+}
+
+// TestShutdownMidBatch: a consumer that stops while an event's batch is in
+// flight (its handler cut off by the shutdown timeout) leaves nothing
+// committed; the request is answered 503, the attempt is not counted, and
+// the provider's redelivery to the restarted consumer applies the event.
+func TestShutdownMidBatch(t *testing.T) {
+	t.Parallel()
+	var stuck atomic.Bool
+	stuck.Store(true)
+	handler := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := insertEffect(ctx, tx, m); err != nil {
+			return err
+		}
+		if stuck.Load() {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	}
+	e := newEnv(t, webhook.Config{}, consumer.Config{Handler: handler, ShutdownTimeout: 50 * time.Millisecond})
+	e.start()
+	body := event("evt_cut", 1)
+	first := make(chan reply, 1)
+	go func() { first <- e.post(body) }()
+	waitFor(t, "the batch in flight", func() bool { return e.src.Stats().InFlight == 1 })
+	e.stop()
+	r := <-first
+	expectStatus(t, "the delivery cut off by the shutdown", r, http.StatusServiceUnavailable)
+	if n := e.effects("evt_cut"); n != 0 {
+		t.Fatalf("a delivery cut off left %d effects", n)
+	}
+	if st := e.src.Stats(); st.Tracked != 0 || st.InFlight != 0 {
+		t.Fatalf("after the shutdown: %+v, want nothing tracked or in flight", st)
+	}
+	stuck.Store(false)
+	e.start()
+	expectStatus(t, "the redelivery", e.post(body), http.StatusOK)
+	var attempt int
+	if err := e.pool.QueryRow(context.Background(), `SELECT attempt FROM effects WHERE event_id = 'evt_cut'`).Scan(&attempt); err != nil {
+		t.Fatal(err)
+	}
+	if attempt != 1 {
+		t.Fatalf("applied at attempt %d, want 1: the delivery cut off by the shutdown was counted", attempt)
+	}
 }

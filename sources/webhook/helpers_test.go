@@ -213,6 +213,7 @@ func (e *env) do(ctx context.Context, method string, body []byte, sig string) re
 		return reply{}
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer kept-out-of-the-parked-table")
 	if sig != "" {
 		req.Header.Set("Stripe-Signature", sig)
 	}
