@@ -450,3 +450,30 @@ func TestShutdownMidBatch(t *testing.T) {
 		t.Fatalf("applied at attempt %d, want 1: the delivery cut off by the shutdown was counted", attempt)
 	}
 }
+
+// TestCloseEndsRun: closing the source makes the consumer's Run return nil
+// once its batches settled (ErrClosed matches consumer.ErrSourceDone).
+func TestCloseEndsRun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, webhook.Config{}, consumer.Config{})
+	done := make(chan error, 1)
+	go func() { done <- e.cons.Run(context.Background()) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := e.src.WaitRunning(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expectStatus(t, "a delivery", e.post(event("evt_before_close", 1)), http.StatusOK)
+	if err := e.src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v, want nil after Close", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("Run did not return after the source was closed")
+	}
+	expectStatus(t, "after Close", e.post(event("evt_after_close", 1)), http.StatusServiceUnavailable)
+}
