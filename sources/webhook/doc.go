@@ -58,8 +58,8 @@
 //
 // # Lanes
 //
-// Webhook events carry no order that a provider keeps (Stripe and GitHub
-// say so), so by default the source spreads them over Config.Lanes lanes by
+// Providers do not promise to deliver events in order (Stripe says so
+// outright), so by default the source spreads them over Config.Lanes lanes by
 // a hash of the event ID, and the consumer runs batches of different lanes
 // in parallel. Config.Lane chooses lanes instead (a customer's events in
 // one lane, say): events of one lane are handed to the consumer in arrival
