@@ -143,9 +143,10 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		err = errors.New("webhook: the event ID is empty")
 	}
 	if err != nil {
-		// Handed on without an ID: the consumer parks it (invalid_key), so
-		// nothing is lost and the provider stops.
-		s.log.Warn("webhook: no event ID; the event is parked", "remote", r.RemoteAddr, "path", r.URL.Path, "err", err)
+		// Handed on without an ID: the consumer's default KeyFunc finds no
+		// key and parks it (invalid_key), so nothing is lost and the
+		// provider stops.
+		s.log.Warn("webhook: no event ID; handed to the consumer without one", "remote", r.RemoteAddr, "path", r.URL.Path, "err", err)
 		id = ""
 	}
 	d.ID = id
