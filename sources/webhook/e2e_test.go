@@ -477,3 +477,60 @@ func TestCloseEndsRun(t *testing.T) {
 	}
 	expectStatus(t, "after Close", e.post(event("evt_after_close", 1)), http.StatusServiceUnavailable)
 }
+
+// TestQueueFull: with MaxQueued requests waiting for the consumer, the next
+// one waits for room; if its client gives up first, it was never queued.
+func TestQueueFull(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	handler := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.DedupeKey.ID == "evt_a" {
+			<-release
+		}
+		return insertEffect(ctx, tx, m)
+	}
+	e := newEnv(t, webhook.Config{MaxQueued: 1}, consumer.Config{Handler: handler, Concurrency: 1})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	e.start()
+
+	a, b := make(chan reply, 1), make(chan reply, 1)
+	go func() { a <- e.post(event("evt_a", 1)) }()
+	waitFor(t, "evt_a in flight", func() bool { st := e.src.Stats(); return st.InFlight == 1 && st.Queued == 0 })
+	go func() { b <- e.post(event("evt_b", 1)) }()
+	waitFor(t, "evt_b queued", func() bool { return e.src.Stats().Queued == 1 })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	c := event("evt_c", 1)
+	r := e.do(ctx, http.MethodPost, c, stripeSign(testSecret, time.Now(), c))
+	if r.status != 0 {
+		t.Fatalf("a request past MaxQueued was answered %d before its client gave up", r.status)
+	}
+	var gone webhook.Delivery
+	waitFor(t, "evt_c's end reported", func() bool {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		for _, d := range e.observed {
+			if d.ID == "evt_c" {
+				gone = d
+				return true
+			}
+		}
+		return false
+	})
+	if gone.Result != webhook.ResultGone || gone.Attempt != 0 {
+		t.Fatalf("evt_c ended %v at attempt %d; want gone, never queued (attempt 0)", gone.Result, gone.Attempt)
+	}
+	unblock()
+	expectStatus(t, "evt_a", <-a, http.StatusOK)
+	expectStatus(t, "evt_b", <-b, http.StatusOK)
+	expectStatus(t, "evt_c delivered again", e.post(c), http.StatusOK)
+	if counts := e.effectCounts(); len(counts) != 3 || counts["evt_c"] != 1 {
+		t.Fatalf("effects %v, want evt_a, evt_b and evt_c once each", counts)
+	}
+	if st := e.hooks.Total(); st.Size != 3 {
+		t.Fatalf("the consumer was handed %d messages, want 3", st.Size)
+	}
+}
