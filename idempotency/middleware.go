@@ -223,6 +223,12 @@ func (m *Middleware) run(ctx context.Context, w http.ResponseWriter, r *http.Req
 		m.problem(w, http.StatusInternalServerError, "Response too large", "The response was too large to store; nothing was done.")
 		return consumer.OutcomeRetried, ErrResponseTooLarge
 	}
+	if err := ctx.Err(); err != nil {
+		// The client is gone (or the server is shutting down): as after a
+		// crash, nothing stays; its retry runs the request again.
+		rollback()
+		return consumer.OutcomeRetried, fmt.Errorf("idempotency: request context done before commit: %w", err)
+	}
 	status := rec.result()
 	if status >= 400 && !req.final {
 		rollback()
@@ -230,12 +236,11 @@ func (m *Middleware) run(ctx context.Context, w http.ResponseWriter, r *http.Req
 		return consumer.OutcomeRetried, fmt.Errorf("idempotency: handler answered %d without marking it final: rolled back", status)
 	}
 	resp := stored{status: status, headers: keep(rec.header, m.headers), body: rec.body}
-	bg := context.WithoutCancel(ctx) // the handler is done: finish even if the client left
-	if err := m.store.insert(bg, tx, k.Scope, k.ID, k.Fingerprint, resp); err != nil {
+	if err := m.store.insert(ctx, tx, k.Scope, k.ID, k.Fingerprint, resp); err != nil {
 		return m.dbFailure(w, "store response", err)
 	}
 	rolledBack = true // COMMIT ends the transaction either way
-	if err := tx.Commit(bg); err != nil {
+	if err := tx.Commit(ctx); err != nil {
 		outcome, retry := classifyCommit(err)
 		if outcome == commitUnknown {
 			w.Header().Set("Retry-After", m.retry)
