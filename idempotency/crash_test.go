@@ -53,7 +53,11 @@ func TestInFlight(t *testing.T) {
 	first := make(chan reply, 1)
 	go func() { first <- e.post(t, "k1", body) }()
 	<-g.entered
-	r := e.post(t, "k1", body)
+	// Without the lock the request would wait for the first one's
+	// transaction, which waits for the release below: bound the wait.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r := e.postCtx(ctx, t, "k1", body)
 	wantStatus(t, r, http.StatusConflict)
 	if r.header.Get("Retry-After") != "2" {
 		t.Fatalf("Retry-After %q", r.header.Get("Retry-After"))

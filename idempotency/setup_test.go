@@ -118,7 +118,12 @@ type reply struct {
 // headers as name, value pairs.
 func (e *env) post(t testing.TB, key, body string, hdr ...string) reply {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, e.srv.URL+"/payments", bytes.NewBufferString(body))
+	return e.postCtx(context.Background(), t, key, body, hdr...)
+}
+
+func (e *env) postCtx(ctx context.Context, t testing.TB, key, body string, hdr ...string) reply {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL+"/payments", bytes.NewBufferString(body))
 	if err != nil {
 		t.Fatal(err)
 	}
