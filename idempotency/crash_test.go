@@ -19,10 +19,22 @@ type gated struct {
 	release chan struct{}
 	done    chan struct{} // closed when a gated call returns
 	once    sync.Once
+	relOnce sync.Once
 }
 
 func newGated() *gated {
 	return &gated{entered: make(chan struct{}, 1), release: make(chan struct{}), done: make(chan struct{})}
+}
+
+// open releases the gate; it may be called more than once.
+func (g *gated) open() { g.relOnce.Do(func() { g.open() }) }
+
+// newGatedEnv serves g, releasing the gate before the server closes (which
+// waits for handlers) should the test end early.
+func newGatedEnv(t *testing.T, cfg idempotency.Config, g *gated) *env {
+	e := newEnv(t, cfg, g)
+	t.Cleanup(g.open)
+	return e
 }
 
 func (g *gated) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -48,7 +60,7 @@ func (g *gated) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func TestInFlight(t *testing.T) {
 	t.Parallel()
 	g := newGated()
-	e := newEnv(t, idempotency.Config{RetryAfter: 2 * time.Second}, g)
+	e := newGatedEnv(t, idempotency.Config{RetryAfter: 2 * time.Second}, g)
 	body := `{"amount":5,"to":"gate"}`
 	first := make(chan reply, 1)
 	go func() { first <- e.post(t, "k1", body) }()
@@ -62,7 +74,7 @@ func TestInFlight(t *testing.T) {
 	if r.header.Get("Retry-After") != "2" {
 		t.Fatalf("Retry-After %q", r.header.Get("Retry-After"))
 	}
-	close(g.release)
+	g.open()
 	f := <-first
 	wantStatus(t, f, http.StatusCreated)
 	again := e.post(t, "k1", body)
@@ -80,7 +92,7 @@ func TestInFlight(t *testing.T) {
 func TestCancelMidHandler(t *testing.T) {
 	t.Parallel()
 	g := newGated()
-	e := newEnv(t, idempotency.Config{}, g)
+	e := newGatedEnv(t, idempotency.Config{}, g)
 	body := `{"amount":5,"to":"gate"}`
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL+"/payments", bytes.NewBufferString(body))
@@ -100,7 +112,7 @@ func TestCancelMidHandler(t *testing.T) {
 		t.Fatal("the cancelled request got a response")
 	}
 	<-g.done
-	close(g.release) // the retry passes the gate
+	g.open() // the retry passes the gate
 	r := retryConflict(t, e, "k1", body)
 	wantStatus(t, r, http.StatusCreated)
 	if n := e.count(t, "true"); n != 1 {
