@@ -27,7 +27,7 @@ func newGated() *gated {
 }
 
 // open releases the gate; it may be called more than once.
-func (g *gated) open() { g.relOnce.Do(func() { g.open() }) }
+func (g *gated) open() { g.relOnce.Do(func() { close(g.release) }) }
 
 // newGatedEnv serves g, releasing the gate before the server closes (which
 // waits for handlers) should the test end early.
