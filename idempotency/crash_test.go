@@ -115,6 +115,9 @@ func TestCancelMidHandler(t *testing.T) {
 	g.open() // the retry passes the gate
 	r := retryConflict(t, e, "k1", body)
 	wantStatus(t, r, http.StatusCreated)
+	if r.header.Get(idempotency.ReplayedHeader) != "" {
+		t.Fatal("the retry was answered from the store: the interrupted request committed")
+	}
 	if n := e.count(t, "true"); n != 1 {
 		t.Fatalf("%d payments, want 1 (the retry's)", n)
 	}
@@ -144,6 +147,9 @@ func TestPanicMidHandler(t *testing.T) {
 	}
 	r := retryConflict(t, e, "k1", `{"amount":5,"to":"x"}`)
 	wantStatus(t, r, http.StatusCreated)
+	if r.header.Get(idempotency.ReplayedHeader) != "" {
+		t.Fatal("the retry was answered from the store: the interrupted request committed")
+	}
 	if n := e.count(t, "true"); n != 1 {
 		t.Fatalf("%d payments, want 1 (the retry's)", n)
 	}
