@@ -12,8 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
@@ -173,30 +171,19 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // run claims k in a transaction and answers the request: the stored
 // response of a duplicate, the handler's response otherwise.
 func (m *Middleware) run(ctx context.Context, w http.ResponseWriter, r *http.Request, next http.Handler, k dedupe.Key, body []byte) (consumer.Outcome, error) {
-	tx, err := m.db.Begin(ctx)
+	tx, locked, err := m.beginLocked(ctx, lockKey(k.Scope, k.ID))
 	if err != nil {
 		return m.dbFailure(w, "begin", err)
 	}
-	rolledBack := false
-	rollback := func() {
-		if !rolledBack {
-			rolledBack = true
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}
-	defer rollback() // a panic too
-	var locked bool
-	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, lockKey(k.Scope, k.ID)).Scan(&locked); err != nil {
-		return m.dbFailure(w, "lock", err)
-	}
 	if !locked {
-		rollback()
 		w.Header().Set("Retry-After", m.retry)
 		m.problem(w, http.StatusConflict, "Request in progress", "A request with this idempotency key is still being processed; retry later.")
 		return consumer.OutcomeRetried, ErrInFlight
 	}
+	defer tx.rollback(ctx) // a panic too; after a commit it only releases the connection
+	rollback := func() { tx.rollback(ctx) }
 	keys := []dedupe.Key{k}
-	verdicts, err := m.cfg.Strategy.Claim(ctx, tx, keys)
+	verdicts, err := m.cfg.Strategy.Claim(ctx, tx.Tx, keys)
 	if err != nil {
 		return m.dbFailure(w, "claim", err)
 	}
@@ -212,7 +199,7 @@ func (m *Middleware) run(ctx context.Context, w http.ResponseWriter, r *http.Req
 		return m.dbFailure(w, "claim", fmt.Errorf("strategy %s answered %v for an idempotency key", m.cfg.Strategy.Name(), verdicts[0]))
 	}
 
-	req := &request{tx: ownedTx{tx}, key: k.ID, scope: k.Scope}
+	req := &request{tx: ownedTx{tx.Tx}, key: k.ID, scope: k.Scope}
 	rec := newRecorder(m.cfg.MaxResponseBytes)
 	r2 := r.WithContext(context.WithValue(ctx, ctxKey{}, req))
 	r2.Body = io.NopCloser(bytesReader(body))
@@ -236,11 +223,12 @@ func (m *Middleware) run(ctx context.Context, w http.ResponseWriter, r *http.Req
 		return consumer.OutcomeRetried, fmt.Errorf("idempotency: handler answered %d without marking it final: rolled back", status)
 	}
 	resp := stored{status: status, headers: keep(rec.header, m.headers), body: rec.body}
-	if err := m.store.insert(ctx, tx, k.Scope, k.ID, k.Fingerprint, resp); err != nil {
-		return m.dbFailure(w, "store response", err)
+	err = tx.commitWith(ctx, m.store.insertSQL, k.Scope, k.ID, k.Fingerprint, resp.status, resp.headers, resp.body)
+	var se *errStore
+	if errors.As(err, &se) {
+		return m.dbFailure(w, "store response", se.err)
 	}
-	rolledBack = true // COMMIT ends the transaction either way
-	if err := tx.Commit(ctx); err != nil {
+	if err != nil {
 		outcome, retry := classifyCommit(err)
 		if outcome == commitUnknown {
 			w.Header().Set("Retry-After", m.retry)
@@ -254,6 +242,7 @@ func (m *Middleware) run(ctx context.Context, w http.ResponseWriter, r *http.Req
 		m.problem(w, http.StatusInternalServerError, "Commit refused", "The database refused to commit the request's writes; nothing was done.")
 		return consumer.OutcomeRetried, err
 	}
+	tx.rollback(ctx) // releases the connection before the client is answered
 	if m.commit != nil {
 		m.commit.Committed(keys, verdicts)
 	}
@@ -262,12 +251,12 @@ func (m *Middleware) run(ctx context.Context, w http.ResponseWriter, r *http.Req
 }
 
 // replay answers a duplicate with its stored response.
-func (m *Middleware) replay(ctx context.Context, w http.ResponseWriter, tx pgx.Tx, k dedupe.Key) (consumer.Outcome, error) {
-	resp, ok, err := m.store.load(ctx, tx, k.Scope, k.ID)
+func (m *Middleware) replay(ctx context.Context, w http.ResponseWriter, tx *keyTx, k dedupe.Key) (consumer.Outcome, error) {
+	resp, ok, err := m.store.load(ctx, tx.Tx, k.Scope, k.ID)
 	if err != nil {
 		return m.dbFailure(w, "load response", err)
 	}
-	_ = tx.Rollback(ctx)
+	tx.rollback(ctx)
 	if m.commit != nil {
 		m.commit.Committed([]dedupe.Key{k}, []dedupe.Verdict{dedupe.VerdictDuplicate})
 	}

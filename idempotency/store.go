@@ -49,11 +49,6 @@ type stored struct {
 	body    []byte
 }
 
-func (s store) insert(ctx context.Context, tx pgx.Tx, scope, key string, fp []byte, r stored) error {
-	_, err := tx.Exec(ctx, s.insertSQL, scope, key, fp, r.status, r.headers, r.body)
-	return err
-}
-
 // load returns the stored response of (scope, key), and false when there
 // is none.
 func (s store) load(ctx context.Context, tx pgx.Tx, scope, key string) (stored, bool, error) {
