@@ -24,6 +24,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -103,6 +104,7 @@ func run(clientList string, n, runs int, cpuprofile string) error {
 	}
 	var rows []*row
 	seq := 0
+	cpu, self := map[string][]float64{}, map[string][]float64{} // µs per request
 	for _, c := range levels {
 		r := &row{clients: c}
 		rows = append(rows, r)
@@ -133,7 +135,10 @@ func run(clientList string, n, runs int, cpuprofile string) error {
 					}
 				}
 				seq++
+				cpu0, self0 := machineCPU(), selfCPU()
 				d, err := bench.LoadHTTP(ctx, u+"/payments", c, n, fmt.Sprintf("r%d", seq))
+				cpu[v] = append(cpu[v], float64(machineCPU()-cpu0)/float64(n))
+				self[v] = append(self[v], float64(selfCPU()-self0)/float64(n))
 				if v == "idem" && prof != nil && i == 1 {
 					pprof.StopCPUProfile()
 				}
@@ -159,6 +164,8 @@ func run(clientList string, n, runs int, cpuprofile string) error {
 		fmt.Printf("| %d | %.0f | %.0f | %.0f%% |\n", r.clients, r.bareMed, r.idemMed, 100*r.rat)
 	}
 	fmt.Println()
+	fmt.Printf("CPU per request, median over all runs (machine-wide, of which this process: load generator, servers, pgx): bare %.0f µs (%.0f), middleware %.0f µs (%.0f)\n\n",
+		median(cpu["bare"]), median(self["bare"]), median(cpu["idem"]), median(self["idem"]))
 	for _, r := range rows {
 		mark := "(met)"
 		if r.rat < 0.7 {
@@ -167,4 +174,33 @@ func run(clientList string, n, runs int, cpuprofile string) error {
 		fmt.Printf("Target ≥ 70%% of the bare handler at %d clients: %.0f%% %s\n", r.clients, 100*r.rat, mark)
 	}
 	return nil
+}
+
+// machineCPU returns the machine's busy CPU time so far, in µs, from
+// /proc/stat (0 where there is none).
+func machineCPU() int64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	var busy int64
+	for i, x := range f[1:] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		v, _ := strconv.ParseInt(x, 10, 64)
+		busy += v
+	}
+	return busy * 1e6 / 100 // USER_HZ
+}
+
+// selfCPU returns this process's CPU time so far, in µs.
+func selfCPU() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Utime.Nano()/1e3 + ru.Stime.Nano()/1e3
 }
