@@ -128,22 +128,31 @@ func (m *Middleware) Sweep(ctx context.Context) (deleted int64, err error) {
 	}
 }
 
-// Run does what a consumer does for its strategy, and sweeps the responses:
-// it calls the strategy's Maintain (a dedupe.Maintainer's: bloom creates
-// its partitions) and returns its error, then runs until ctx is done the
-// strategy's RunMaintenance (idset's retention sweeper, bloom's partition
-// upkeep), its Warm (a dedupe.Warmer's), and Sweep every
-// Config.SweepInterval. It returns nil when ctx is done. Requests are
-// served without Run, but a strategy that needs maintenance (bloom) fails
-// their claims (503) until Maintain ran, and nothing expires.
-func (m *Middleware) Run(ctx context.Context) error {
-	s := m.cfg.Strategy
-	mt, _ := s.(dedupe.Maintainer)
-	if mt != nil {
+// Maintain runs the strategy's Maintain, when it is a dedupe.Maintainer
+// (bloom creates its partitions; idset needs nothing). A strategy that
+// needs it fails every claim (503) until it ran: call Maintain before
+// serving, or let Run call it.
+func (m *Middleware) Maintain(ctx context.Context) error {
+	if mt, ok := m.cfg.Strategy.(dedupe.Maintainer); ok {
 		if err := mt.Maintain(ctx, m.db); err != nil {
-			return fmt.Errorf("idempotency: %s maintenance: %w", s.Name(), err)
+			return fmt.Errorf("idempotency: %s maintenance: %w", m.cfg.Strategy.Name(), err)
 		}
 	}
+	return nil
+}
+
+// Run does what a consumer does for its strategy, and sweeps the responses:
+// it calls Maintain and returns its error, then runs until ctx is done the
+// strategy's RunMaintenance (idset's retention sweeper, bloom's partition
+// upkeep), its Warm (a dedupe.Warmer's), and Sweep every
+// Config.SweepInterval. It returns nil when ctx is done. Without Run
+// nothing expires.
+func (m *Middleware) Run(ctx context.Context) error {
+	s := m.cfg.Strategy
+	if err := m.Maintain(ctx); err != nil {
+		return err
+	}
+	mt, _ := s.(dedupe.Maintainer)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { m.sweepLoop(ctx) })
