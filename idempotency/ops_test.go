@@ -8,6 +8,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/bloom"
@@ -156,5 +159,33 @@ func TestMigrations(t *testing.T) {
 	sql, err := dedupe.MigrationSQL("", lines...)
 	if err != nil || !strings.Contains(sql, `CREATE TABLE "api"."responses"`) {
 		t.Fatalf("MigrationSQL: %v\n%s", err, sql)
+	}
+}
+
+// TestPgBouncer runs a replay and a 409 through PgBouncer in
+// transaction pooling: the lock is transaction-level and no statement
+// keeps session state.
+func TestPgBouncer(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewBouncerPool(t, func(c *pgxpool.Config) {
+		c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		c.MaxConns = 8
+	})
+	g := newGated()
+	e := newEnvPool(t, pool, idempotency.Config{}, g)
+	t.Cleanup(g.open)
+	first := e.post(t, "k1", `{"amount":5,"to":"x"}`)
+	wantStatus(t, first, http.StatusCreated)
+	if again := e.post(t, "k1", `{"amount":5,"to":"x"}`); !bytes.Equal(again.body, first.body) {
+		t.Fatalf("replay: %d %s", again.status, again.body)
+	}
+	done := make(chan reply, 1)
+	go func() { done <- e.post(t, "k2", `{"amount":5,"to":"gate"}`) }()
+	<-g.entered
+	wantStatus(t, e.post(t, "k2", `{"amount":5,"to":"gate"}`), http.StatusConflict)
+	g.open()
+	wantStatus(t, <-done, http.StatusCreated)
+	if n := e.count(t, "true"); n != 2 {
+		t.Fatalf("%d payments, want 2", n)
 	}
 }
