@@ -70,7 +70,9 @@
 // Run does for the strategy what a consumer does (Maintain, then
 // RunMaintenance and Warm in the background: idset's retention sweeper,
 // bloom's partitions) and sweeps responses older than Config.Retention,
-// which defaults to the strategy's retention plus an hour.
+// which defaults to the strategy's retention plus an hour. A strategy that
+// must be maintained before it claims (bloom) answers 503 until then: call
+// Maintain before serving.
 //
 // Config.Hooks takes the consumer's hooks: each request with a key is
 // reported as a batch of one message, with outcome applied (stored),
