@@ -43,12 +43,16 @@ type Middleware struct {
 func DefaultStrategy() (dedupe.Strategy, error) { return idset.New(idset.Config{}) }
 
 // New returns a Middleware that claims keys with cfg.Strategy through db
-// (a *pgxpool.Pool, normally) and stores responses in cfg's table. It fills
+// and stores responses in cfg's table. It fills
 // in cfg's defaults and validates it; the error matches
 // dedupe.ErrInvalidConfig for a bad value, including a strategy that cannot
 // claim an idempotency key (one that needs a sender and sequence number,
 // such as highwater). Call Migrate (or apply Migrations) before serving,
 // and run Run for the strategy's maintenance and the responses' sweeper.
+//
+// db serves concurrent requests, so it must be safe for concurrent use: a
+// *pgxpool.Pool (with which each request costs one round trip fewer), or
+// any dedupe.DB that is.
 func New(db dedupe.DB, cfg Config) (*Middleware, error) {
 	if db == nil {
 		return nil, dedupe.ConfigErrorf("idempotency", "db", "must not be nil")

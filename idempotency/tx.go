@@ -61,7 +61,9 @@ func (m *Middleware) beginLocked(ctx context.Context, key int64) (t *keyTx, lock
 	if b, ok := m.db.(beginner); ok {
 		tx, err := b.BeginTx(ctx, pgx.TxOptions{BeginQuery: lockedSQL(key)})
 		if inFlight(err) {
-			return nil, false, nil // pgx closed or discarded the failed transaction's connection
+			// pgx leaves the failed transaction open on the connection.
+			_, err = m.db.Exec(ctx, "ROLLBACK")
+			return nil, false, err
 		}
 		if err != nil {
 			return nil, false, err
