@@ -189,3 +189,51 @@ func TestPgBouncer(t *testing.T) {
 		t.Fatalf("%d payments, want 2", n)
 	}
 }
+
+// plainDB hides everything of a pool but dedupe.DB: the middleware then
+// takes the lock and stores the response as statements of their own.
+type plainDB struct{ dedupe.DB }
+
+// beginTxDB adds BeginTx (as *pgx.Conn has) but not Acquire.
+type beginTxDB struct{ *pgxpool.Pool }
+
+func (b beginTxDB) Acquire() {} // not pgxpool's Acquire: hides it
+
+// TestDBShapes runs a replay, a 409 and a rolled-back 4xx through each way
+// the middleware reaches the database.
+func TestDBShapes(t *testing.T) {
+	t.Parallel()
+	for _, shape := range []string{"pool", "BeginTx only", "dedupe.DB only"} {
+		t.Run(shape, func(t *testing.T) {
+			t.Parallel()
+			pool := pgtest.NewPool(t)
+			var db dedupe.DB = pool
+			switch shape {
+			case "BeginTx only":
+				db = beginTxDB{pool}
+			case "dedupe.DB only":
+				db = plainDB{pool}
+			}
+			g := newGated()
+			e := newEnvDB(t, pool, db, idempotency.Config{}, g)
+			t.Cleanup(g.open)
+			first := e.post(t, "k1", `{"amount":5,"to":"x"}`)
+			wantStatus(t, first, http.StatusCreated)
+			if again := e.post(t, "k1", `{"amount":5,"to":"x"}`); !bytes.Equal(again.body, first.body) {
+				t.Fatalf("replay: %d %s", again.status, again.body)
+			}
+			wantStatus(t, e.post(t, "k3", `{"amount":-5,"to":"x"}`), http.StatusBadRequest)
+			done := make(chan reply, 1)
+			go func() { done <- e.post(t, "k2", `{"amount":5,"to":"gate"}`) }()
+			<-g.entered
+			for range 3 { // the connection of a refused lock is usable again
+				wantStatus(t, e.post(t, "k2", `{"amount":5,"to":"gate"}`), http.StatusConflict)
+			}
+			g.open()
+			wantStatus(t, <-done, http.StatusCreated)
+			if n := e.count(t, "true"); n != 2 {
+				t.Fatalf("%d payments, want 2", n)
+			}
+		})
+	}
+}

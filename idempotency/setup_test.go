@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/idempotency"
 	"github.com/effectively-once/effectively/pgtest"
 )
@@ -85,11 +86,17 @@ func newEnv(t testing.TB, cfg idempotency.Config, h http.Handler) *env {
 
 func newEnvPool(t testing.TB, pool *pgxpool.Pool, cfg idempotency.Config, h http.Handler) *env {
 	t.Helper()
+	return newEnvDB(t, pool, pool, cfg, h)
+}
+
+// newEnvDB is newEnvPool with the middleware reaching the database through db.
+func newEnvDB(t testing.TB, pool *pgxpool.Pool, db dedupe.DB, cfg idempotency.Config, h http.Handler) *env {
+	t.Helper()
 	ctx := context.Background()
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	mw, err := idempotency.New(pool, cfg)
+	mw, err := idempotency.New(db, cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
