@@ -9,6 +9,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/highwater"
+	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/idempotency"
 	"github.com/effectively-once/effectively/pgtest"
 )
@@ -184,5 +185,21 @@ func TestStrategyRefused(t *testing.T) {
 		if _, err := idempotency.New(pool, cfg); !errors.Is(err, dedupe.ErrInvalidConfig) {
 			t.Errorf("New(%+v): %v, want a config error", cfg, err)
 		}
+	}
+}
+
+// TestKeyOverStrategyLimit: a key the strategy refuses (longer than its
+// MaxIDLen) gets 400, not a retry.
+func TestKeyOverStrategyLimit(t *testing.T) {
+	t.Parallel()
+	s, err := idset.New(idset.Config{MaxIDLen: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, idempotency.Config{Strategy: s}, nil)
+	r := e.post(t, strings.Repeat("k", 41), `{"amount":1,"to":"x"}`)
+	wantStatus(t, r, http.StatusBadRequest)
+	if n := e.count(t, "true"); n != 0 {
+		t.Fatalf("%d payments, want 0", n)
 	}
 }

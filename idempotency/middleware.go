@@ -188,6 +188,11 @@ func (m *Middleware) run(ctx context.Context, w http.ResponseWriter, r *http.Req
 	rollback := func() { tx.rollback(ctx) }
 	keys := []dedupe.Key{k}
 	verdicts, err := m.cfg.Strategy.Claim(ctx, tx.Tx, keys)
+	if errors.Is(err, dedupe.ErrInvalidKey) {
+		rollback()
+		m.problem(w, http.StatusBadRequest, "Invalid idempotency key", err.Error())
+		return consumer.OutcomeRetried, err
+	}
 	if err != nil {
 		return m.dbFailure(w, "claim", err)
 	}
