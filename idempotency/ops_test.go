@@ -237,3 +237,44 @@ func TestDBShapes(t *testing.T) {
 		})
 	}
 }
+
+// TestTransient: a transient failure of the middleware's own statement (a
+// lock_timeout on the responses table, held by another session) answers 503
+// with Retry-After and leaves nothing; the retry then succeeds once.
+func TestTransient(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "100ms"
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	e := newEnvPool(t, pool, idempotency.Config{}, nil)
+	ctx := context.Background()
+	locker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := locker.Exec(ctx, `LOCK TABLE effectively.idempotency_responses IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	r := e.post(t, "k1", `{"amount":5,"to":"x"}`)
+	wantStatus(t, r, http.StatusServiceUnavailable)
+	if r.header.Get("Retry-After") == "" {
+		t.Fatal("503 without Retry-After")
+	}
+	if err := locker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, m := e.count(t, "true"), e.markers(t); n+m != 0 {
+		t.Fatalf("after a 503: %d payments, %d markers", n, m)
+	}
+	wantStatus(t, e.post(t, "k1", `{"amount":5,"to":"x"}`), http.StatusCreated)
+	if n := e.count(t, "true"); n != 1 {
+		t.Fatalf("%d payments, want 1", n)
+	}
+}
