@@ -75,6 +75,11 @@ bench-outbox:
 bench-lanes:
 	$(GO) run ./bench/cmd/lanestable $(LANES_FLAGS)
 
+## bench-http: requests/s through the idempotency middleware against the bare handler over loopback (see docs/http.md; HTTP_FLAGS e.g. -clients 8,32 -runs 5)
+.PHONY: bench-http
+bench-http:
+	$(GO) run ./bench/cmd/httptable $(HTTP_FLAGS)
+
 ## bench-peers: this library's Kafka pipeline beside Watermill and a hand-written kafka-go consumer, throughput and a kill -9 between commit and ack (bench/peers, its own module; a few minutes; PEERS_FLAGS e.g. -scale 0.5 -runs 5)
 .PHONY: bench-peers
 bench-peers:

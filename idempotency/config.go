@@ -1,0 +1,179 @@
+package idempotency
+
+import (
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/internal/logx"
+)
+
+// Defaults of the Config fields.
+const (
+	DefaultName             = "http"
+	DefaultHeader           = "Idempotency-Key"
+	DefaultTable            = "idempotency_responses"
+	DefaultMaxKeyLen        = 255
+	DefaultMaxRequestBytes  = 1 << 20
+	DefaultMaxResponseBytes = 1 << 20
+	DefaultRetryAfter       = time.Second
+	DefaultSweepBatch       = 1000
+	DefaultSweepInterval    = time.Minute
+	// DefaultRetention is the responses' retention when the strategy's
+	// markers do not expire (it is not a dedupe.Retainer).
+	DefaultRetention = 24 * time.Hour
+	// RetentionMargin is how much longer than the strategy's markers the
+	// responses are kept by default, so that a key whose marker still
+	// exists always finds its response.
+	RetentionMargin = time.Hour
+)
+
+// Config configures a Middleware. The zero value is usable: idset markers
+// and the responses table in the "effectively" schema, a key required on
+// every wrapped route, one scope for all requests.
+type Config struct {
+	// Name names the middleware in hooks, metrics and logs (the Consumer of
+	// the consumer.BatchInfo it reports) and prefixes every scope, so that
+	// its markers never meet a consumer's in a shared table. It must not
+	// contain "/". Defaults to "http".
+	Name string
+	// Strategy claims the keys. It must key by (Scope, ID): idset and bloom
+	// do; a strategy that needs a sender and sequence number (highwater) is
+	// refused by New. Defaults to an idset.Strategy with its defaults (see
+	// DefaultStrategy).
+	Strategy dedupe.Strategy
+	// Scope returns the tenant a request belongs to (the authenticated
+	// account, say): keys of two tenants never collide, and one tenant's
+	// response is never replayed to another. An error answers the request
+	// 400 with the error's text, and nothing runs: put authentication in
+	// front of the middleware. Defaults to nil: one scope for all requests.
+	Scope func(*http.Request) (string, error)
+	// Optional lets requests without a key through to the handler, without
+	// a transaction (Tx returns nil). Defaults to false: a request without
+	// a key gets 400.
+	Optional bool
+	// Header is the request header that carries the key. Defaults to
+	// "Idempotency-Key".
+	Header string
+	// MaxKeyLen is the longest key accepted, in bytes; a longer one gets
+	// 400. At most dedupe.DefaultMaxIDLen. Defaults to 255.
+	MaxKeyLen int
+	// MaxRequestBytes is the largest request body read; a larger one gets
+	// 413 and nothing runs. Defaults to 1 MiB.
+	MaxRequestBytes int64
+	// MaxResponseBytes is the largest response body the middleware stores;
+	// a handler that writes more gets its transaction rolled back and the
+	// client a 500, and the middleware logs an error naming the limit.
+	// Defaults to 1 MiB.
+	MaxResponseBytes int
+	// Headers are the response headers stored and replayed besides
+	// Content-Type and Location (which always are). Defaults to none.
+	Headers []string
+	// RetryAfter is the Retry-After sent with a 409 (the key's first
+	// request is still running) or a 503 (a transient database failure).
+	// Defaults to 1 second; it is sent in whole seconds, at least 1.
+	RetryAfter time.Duration
+	// Schema holds the responses table. Defaults to "effectively".
+	Schema string
+	// Table is the responses table's name. Defaults to
+	// "idempotency_responses".
+	Table string
+	// Retention is how long a stored response is kept. It must not be
+	// shorter than the strategy's markers' retention, or a key whose
+	// marker remains could find no response to replay (the client then
+	// gets 422). Defaults to the strategy's retention plus RetentionMargin,
+	// or DefaultRetention when its markers do not expire.
+	Retention time.Duration
+	// SweepBatch is the most responses one sweep statement deletes.
+	// Defaults to 1000.
+	SweepBatch int
+	// SweepInterval is the pause between sweeps in Run. Defaults to 1
+	// minute.
+	SweepInterval time.Duration
+	// Hooks observe the middleware. Each request with a key is reported as
+	// a batch of one message: BatchStart (consumer.BatchStartHook) before
+	// its transaction, BatchDone and MessageDone (consumer.MessageHook)
+	// when it is answered, so the Prometheus and OpenTelemetry adapters of
+	// the consumer serve it unchanged. Defaults to none.
+	Hooks []consumer.Hook
+	// Logger receives errors (a response over the size limit, a failed
+	// sweep). Defaults to warnings and errors on stderr.
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.Name == "" {
+		c.Name = DefaultName
+	}
+	if c.Header == "" {
+		c.Header = DefaultHeader
+	}
+	if c.MaxKeyLen == 0 {
+		c.MaxKeyLen = DefaultMaxKeyLen
+	}
+	if c.MaxRequestBytes == 0 {
+		c.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if c.RetryAfter == 0 {
+		c.RetryAfter = DefaultRetryAfter
+	}
+	if c.Schema == "" {
+		c.Schema = dedupe.DefaultSchema
+	}
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	if c.SweepBatch == 0 {
+		c.SweepBatch = DefaultSweepBatch
+	}
+	if c.SweepInterval == 0 {
+		c.SweepInterval = DefaultSweepInterval
+	}
+	if c.Logger == nil {
+		c.Logger = logx.Default()
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return dedupe.ConfigErrorf("idempotency", field, format, args...)
+	}
+	for _, f := range [...]struct{ name, v string }{{"Schema", c.Schema}, {"Table", c.Table}} {
+		if err := dedupe.ValidateIdentifier(f.v, len("_created_at_idx")); err != nil {
+			return bad(f.name, "%v", err)
+		}
+	}
+	switch {
+	case strings.Contains(c.Name, "/"):
+		return bad("Name", "must not contain %q, got %q", "/", c.Name)
+	case http.CanonicalHeaderKey(c.Header) == "" || strings.ContainsAny(c.Header, " :\r\n\t"):
+		return bad("Header", "%q is not a header name", c.Header)
+	case c.MaxKeyLen < 0 || c.MaxKeyLen > dedupe.DefaultMaxIDLen:
+		return bad("MaxKeyLen", "must be between 1 and %d (0 for the default), got %d", dedupe.DefaultMaxIDLen, c.MaxKeyLen)
+	case c.MaxRequestBytes < 0:
+		return bad("MaxRequestBytes", "must not be negative, got %d", c.MaxRequestBytes)
+	case c.MaxResponseBytes < 0:
+		return bad("MaxResponseBytes", "must not be negative, got %d", c.MaxResponseBytes)
+	case c.RetryAfter < 0:
+		return bad("RetryAfter", "must not be negative, got %v", c.RetryAfter)
+	case c.Retention < 0:
+		return bad("Retention", "must not be negative, got %v", c.Retention)
+	case c.SweepBatch < 0:
+		return bad("SweepBatch", "must not be negative, got %d", c.SweepBatch)
+	case c.SweepInterval < 0:
+		return bad("SweepInterval", "must not be negative, got %v", c.SweepInterval)
+	}
+	for _, h := range c.Headers {
+		if h == "" || strings.ContainsAny(h, " :\r\n\t") {
+			return bad("Headers", "%q is not a header name", h)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,87 @@
+// Package idempotency is net/http middleware for the Idempotency-Key
+// header (the IETF httpapi draft, and the behaviour Stripe documents): a
+// client that retries a POST after a timeout gets the first response
+// again instead of a second effect.
+//
+// A wrapped request with a key runs in one PostgreSQL transaction. The
+// middleware takes a transaction-level advisory lock on (scope, key), then
+// claims the key with a dedupe.Strategy (idset by default, or bloom: the
+// strategies, tables, sweepers and hooks of the consumer), runs the
+// handler with that transaction (Tx), stores the response it wrote and
+// commits the handler's writes, the marker and the response together.
+// Only then is the response sent.
+//
+//	mw, err := idempotency.New(pool, idempotency.Config{
+//		Scope: func(r *http.Request) (string, error) { return accountOf(r), nil },
+//	})
+//	// mw.Migrate(ctx) once; go mw.Run(ctx) for sweeping and maintenance.
+//	http.Handle("POST /payments", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+//		tx := idempotency.Tx(r.Context())
+//		// … write through tx, then write the response …
+//	})))
+//
+// # Answers
+//
+//   - No key on a route that requires one (the default; Config.Optional
+//     lets such requests through without a transaction): 400.
+//   - A key that is empty, too long (Config.MaxKeyLen), not printable
+//     ASCII, or sent twice: 400. The key may be bare or a quoted
+//     Structured Field string.
+//   - A body over Config.MaxRequestBytes: 413. A JSON body (by its
+//     Content-Type) that is not valid JSON: 400. Nothing is stored.
+//   - The key's first request still running (the lock is held): 409 with
+//     Retry-After.
+//   - The key already used with another fingerprint: 422.
+//   - The key already used with the same fingerprint: the stored status,
+//     headers (Content-Type, Location and Config.Headers) and body, byte
+//     for byte, with Idempotent-Replayed: true.
+//   - A new key: the handler's response, after the commit. The first
+//     response carries every header the handler set; replays carry the
+//     stored ones.
+//   - A transient database failure (serialization failure, deadlock,
+//     unique-violation race, connection lost, server shutting down), or a
+//     COMMIT whose outcome is unknown: 503 with Retry-After. Nothing was
+//     stored, or the retry finds what was.
+//
+// # What is stored when
+//
+// A response is final, and stored with the handler's writes, when its
+// status is below 400, or when the handler called Final on the request's
+// context (an error that is the outcome of the effect, such as a declined
+// payment that was recorded). Any other 4xx or 5xx rolls the transaction
+// back: no marker, no response, no writes, so the client can fix the
+// request and retry with the same key. A handler that panics, a request
+// whose context is cancelled mid-handler, a response over
+// Config.MaxResponseBytes (500, logged) and a process that dies mid-request
+// all roll back the same way.
+//
+// The fingerprint (see Fingerprint) covers the method, path, query and
+// body; a JSON body counts in canonical form (dedupe.CanonicalJSON), so
+// {"amount":500,"to":"acct_9"} and { "to": "acct_9", "amount": 500 } are
+// the same request and a changed amount is not.
+//
+// Keys are scoped: Config.Name, then the tenant Config.Scope returns, so
+// one tenant's key never meets another's.
+//
+// # Operations
+//
+// Migrations returns the strategy's migration lines and the responses
+// table's (for dedupe.Migrate, or the CLI's migrate); Migrate applies them.
+// Run does for the strategy what a consumer does (Maintain, then
+// RunMaintenance and Warm in the background: idset's retention sweeper,
+// bloom's partitions) and sweeps responses older than Config.Retention,
+// which defaults to the strategy's retention plus an hour. A strategy that
+// must be maintained before it claims (bloom) answers 503 until then: call
+// Maintain before serving.
+//
+// Config.Hooks takes the consumer's hooks: each request with a key is
+// reported as a batch of one message, with outcome applied (stored),
+// duplicate (replayed), mismatch (422), retried (rolled back, 409 or 503)
+// or unknown (COMMIT outcome unknown), so the Prometheus (effprom) and
+// OpenTelemetry (effotel) adapters serve it unchanged.
+//
+// Every statement works behind PgBouncer in transaction pooling: the lock
+// is transaction-level. The response is buffered until the commit, so a
+// wrapped handler cannot stream (http.Flusher and http.Hijacker are not
+// offered).
+package idempotency

@@ -1,0 +1,193 @@
+package idempotency
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/effectively-once/effectively/dedupe"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// store is the one owner of the responses table's SQL.
+type store struct {
+	insertSQL string
+	selectSQL string
+	sweepSQL  string
+}
+
+func newStore(schema, table string) store {
+	t := pgx.Identifier{schema, table}.Sanitize()
+	return store{
+		// A row left by a key whose marker expired first is replaced.
+		insertSQL: `INSERT INTO ` + t + ` (scope, key, fingerprint, status, headers, body)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (scope, key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, status = EXCLUDED.status,
+    headers = EXCLUDED.headers, body = EXCLUDED.body, created_at = EXCLUDED.created_at`,
+		selectSQL: `SELECT status, headers, body FROM ` + t + ` WHERE scope = $1 AND key = $2`,
+		sweepSQL: `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM ` + t + `
+    WHERE created_at < now() - $1::bigint * interval '1 microsecond'
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED))`,
+	}
+}
+
+// stored is a response as kept in the table.
+type stored struct {
+	status  int
+	headers []string // name, value, name, value, …
+	body    []byte
+}
+
+// load returns the stored response of (scope, key), and false when there
+// is none.
+func (s store) load(ctx context.Context, tx pgx.Tx, scope, key string) (stored, bool, error) {
+	var r stored
+	var status int32
+	err := tx.QueryRow(ctx, s.selectSQL, scope, key).Scan(&status, &r.headers, &r.body)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, false, nil
+	}
+	r.status = int(status)
+	return r, err == nil, err
+}
+
+// keep returns the headers of h to store, in the order of names.
+func keep(h http.Header, names []string) []string {
+	var out []string
+	for _, n := range names {
+		for _, v := range h.Values(n) {
+			out = append(out, n, v)
+		}
+	}
+	if out == nil {
+		out = []string{}
+	}
+	return out
+}
+
+// Migrations returns the migration lines of the strategy's markers (when it
+// is a dedupe.Migrator) and of the responses table, for dedupe.Migrate,
+// dedupe.PendingMigrations and dedupe.MigrationSQL. The responses line
+// creates its table in Config.Schema whichever schema holds the migrations
+// table.
+func (m *Middleware) Migrations() []dedupe.Line {
+	var lines []dedupe.Line
+	if mg, ok := m.cfg.Strategy.(dedupe.Migrator); ok {
+		lines = append(lines, mg.Migrations()...)
+	}
+	sub, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		panic(err) // the embedded directory always exists
+	}
+	return append(lines, dedupe.Line{
+		Name: "idempotency:" + m.cfg.Schema + "." + m.cfg.Table,
+		FS:   sub,
+		Idents: map[string]string{
+			"schema":         m.cfg.Schema,
+			"table":          m.cfg.Table,
+			"created_at_idx": m.cfg.Table + "_created_at_idx",
+		},
+	})
+}
+
+// Migrate applies Migrations with dedupe.Migrate, keeping the migrations
+// table in Config.Schema.
+func (m *Middleware) Migrate(ctx context.Context) ([]dedupe.Migration, error) {
+	return dedupe.Migrate(ctx, m.db, m.cfg.Schema, m.Migrations()...)
+}
+
+// Sweep deletes the stored responses older than Config.Retention, in
+// statements of at most Config.SweepBatch rows, each committed on its own,
+// and returns how many it deleted. The strategy's markers are swept by the
+// strategy (Run runs its maintenance).
+func (m *Middleware) Sweep(ctx context.Context) (deleted int64, err error) {
+	batch := int64(m.cfg.SweepBatch)
+	for {
+		if err := ctx.Err(); err != nil {
+			return deleted, fmt.Errorf("idempotency: sweep: %w", err)
+		}
+		tag, err := m.db.Exec(ctx, m.store.sweepSQL, m.cfg.Retention.Microseconds(), batch)
+		if err != nil {
+			return deleted, fmt.Errorf("idempotency: sweep: %w", err)
+		}
+		deleted += tag.RowsAffected()
+		if tag.RowsAffected() < batch {
+			return deleted, nil
+		}
+	}
+}
+
+// Maintain runs the strategy's Maintain, when it is a dedupe.Maintainer
+// (bloom creates its partitions; idset needs nothing). A strategy that
+// needs it fails every claim (503) until it ran: call Maintain before
+// serving, or let Run call it.
+func (m *Middleware) Maintain(ctx context.Context) error {
+	if mt, ok := m.cfg.Strategy.(dedupe.Maintainer); ok {
+		if err := mt.Maintain(ctx, m.db); err != nil {
+			return fmt.Errorf("idempotency: %s maintenance: %w", m.cfg.Strategy.Name(), err)
+		}
+	}
+	return nil
+}
+
+// Run does what a consumer does for its strategy, and sweeps the responses:
+// it calls Maintain and returns its error, then runs until ctx is done the
+// strategy's RunMaintenance (idset's retention sweeper, bloom's partition
+// upkeep), its Warm (a dedupe.Warmer's), and Sweep every
+// Config.SweepInterval. It returns nil when ctx is done. Without Run
+// nothing expires.
+func (m *Middleware) Run(ctx context.Context) error {
+	s := m.cfg.Strategy
+	if err := m.Maintain(ctx); err != nil {
+		return err
+	}
+	mt, _ := s.(dedupe.Maintainer)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { m.sweepLoop(ctx) })
+	if w, ok := s.(dedupe.Warmer); ok {
+		wg.Go(func() {
+			if err := w.Warm(ctx, m.db); err != nil && ctx.Err() == nil {
+				m.log.Error("strategy warm-up failed; it keeps answering by probing the store", "strategy", s.Name(), "err", err)
+			}
+		})
+	}
+	if mt != nil {
+		if err := mt.RunMaintenance(ctx, m.db); err != nil && ctx.Err() == nil {
+			m.log.Error("strategy maintenance stopped", "strategy", s.Name(), "err", err)
+		}
+	}
+	return nil
+}
+
+func (m *Middleware) sweepLoop(ctx context.Context) {
+	t := time.NewTicker(m.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		n, err := m.Sweep(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			m.log.Warn("idempotency: sweep failed", "table", m.cfg.Schema+"."+m.cfg.Table, "deleted", n, "err", err)
+		} else if n > 0 {
+			m.log.Info("idempotency: swept expired responses", "table", m.cfg.Schema+"."+m.cfg.Table, "deleted", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,133 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// A request's transaction costs the middleware two round trips beyond the
+// handler's plain BEGIN … COMMIT: the claim, and the stored response. BEGIN
+// and the key's lock go in one (a simple-protocol query of two
+// statements), and so, when db is a *pgxpool.Pool, do the response's
+// INSERT and the COMMIT (a pipeline on a connection the middleware holds).
+// Other DBs take the lock and the INSERT as statements of their own.
+
+// beginner is what *pgxpool.Pool and *pgx.Conn have beyond dedupe.DB.
+type beginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// acquirer is *pgxpool.Pool's.
+type acquirer interface {
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
+}
+
+// keyTx is one request's transaction.
+type keyTx struct {
+	pgx.Tx
+	conn  *pgxpool.Conn // held from the pool when db is one; released at the end
+	ended bool
+}
+
+// lockedSQL begins a transaction and takes the key's lock, failing with a
+// division by zero (SQLSTATE 22012) when another transaction holds it.
+func lockedSQL(key int64) string {
+	return "BEGIN; SELECT 1 / pg_try_advisory_xact_lock(" + strconv.FormatInt(key, 10) + ")::int"
+}
+
+// begin opens a transaction holding the lock of key; locked is false, and
+// nothing is open, when another transaction holds it.
+func (m *Middleware) beginLocked(ctx context.Context, key int64) (t *keyTx, locked bool, err error) {
+	if a, ok := m.db.(acquirer); ok {
+		c, err := a.Acquire(ctx)
+		if err != nil {
+			return nil, false, err
+		}
+		tx, err := c.Conn().BeginTx(ctx, pgx.TxOptions{BeginQuery: lockedSQL(key)})
+		if err != nil {
+			if inFlight(err) {
+				_, err = c.Exec(ctx, "ROLLBACK")
+			}
+			c.Release() // a connection left in a transaction is closed by the pool
+			return nil, false, err
+		}
+		return &keyTx{Tx: tx, conn: c}, true, nil
+	}
+	if b, ok := m.db.(beginner); ok {
+		tx, err := b.BeginTx(ctx, pgx.TxOptions{BeginQuery: lockedSQL(key)})
+		if inFlight(err) {
+			// pgx leaves the failed transaction open on the connection.
+			_, err = m.db.Exec(ctx, "ROLLBACK")
+			return nil, false, err
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		return &keyTx{Tx: tx}, true, nil
+	}
+	tx, err := m.db.Begin(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, key).Scan(&locked); err != nil || !locked {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, false, err
+	}
+	return &keyTx{Tx: tx}, true, nil
+}
+
+func inFlight(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "22012"
+}
+
+// rollback ends the transaction, if it is still open, and releases its
+// connection.
+func (t *keyTx) rollback(ctx context.Context) {
+	if !t.ended {
+		t.ended = true
+		_ = t.Tx.Rollback(context.WithoutCancel(ctx))
+	}
+	if t.conn != nil {
+		t.conn.Release()
+		t.conn = nil
+	}
+}
+
+// errStore marks a failure of the statement run before COMMIT.
+type errStore struct{ err error }
+
+func (e *errStore) Error() string { return e.err.Error() }
+func (e *errStore) Unwrap() error { return e.err }
+
+// commitWith runs sql with args and commits: in one round trip on a held
+// connection. A failure of sql comes back as an *errStore (the transaction
+// rolled back); any other error is the COMMIT's.
+func (t *keyTx) commitWith(ctx context.Context, sql string, args ...any) error {
+	if t.conn == nil {
+		if _, err := t.Exec(ctx, sql, args...); err != nil {
+			return &errStore{err}
+		}
+		t.ended = true
+		return t.Commit(ctx)
+	}
+	b := &pgx.Batch{}
+	b.Queue(sql, args...)
+	b.Queue("COMMIT")
+	br := t.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return &errStore{err} // rollback ends the failed transaction
+	}
+	_, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	t.ended = true // COMMIT ran, or the connection is gone: the pool discards it unless idle
+	return err
+}
