@@ -203,3 +203,27 @@ func TestKeyOverStrategyLimit(t *testing.T) {
 		t.Fatalf("%d payments, want 0", n)
 	}
 }
+
+// A response without a body (a bare 201, a 204) is stored and replayed
+// like any other: with an empty body.
+func TestEmptyBodyStored(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, idempotency.Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := idempotency.Tx(r.Context()).Exec(r.Context(),
+			`INSERT INTO payments (scope, key, amount, recipient) VALUES ('s', 'k1', 1, 'r')`); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	first := e.post(t, "k1", `{}`)
+	wantStatus(t, first, http.StatusCreated)
+	again := e.post(t, "k1", `{}`)
+	wantStatus(t, again, http.StatusCreated)
+	if len(again.body) != 0 || again.header.Get(idempotency.ReplayedHeader) != "true" {
+		t.Fatalf("replay: body %q, headers %v", again.body, again.header)
+	}
+	if n := e.count(t, "true"); n != 1 {
+		t.Fatalf("%d payments, want 1", n)
+	}
+}

@@ -232,6 +232,9 @@ func (m *Middleware) run(ctx context.Context, w http.ResponseWriter, r *http.Req
 		return consumer.OutcomeRetried, fmt.Errorf("idempotency: handler answered %d without marking it final: rolled back", status)
 	}
 	resp := stored{status: status, headers: keep(rec.header, m.headers), body: rec.body}
+	if resp.body == nil {
+		resp.body = []byte{} // a response without a body (201, 204) is stored with an empty one
+	}
 	err = tx.commitWith(ctx, m.store.insertSQL, k.Scope, k.ID, k.Fingerprint, resp.status, resp.headers, resp.body)
 	var se *errStore
 	if errors.As(err, &se) {

@@ -2,8 +2,14 @@ package ledger_test
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"net"
+	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -196,5 +202,64 @@ func checkLedger(t *testing.T, pool *pgxpool.Pool) {
 		if booked[id] != n {
 			t.Errorf("transfer %s booked %d times, want %d", id, booked[id], n)
 		}
+	}
+}
+
+// Serve: a client posts t-1 three times with one Idempotency-Key and gets
+// the same 201 each time; the bank delivers t-2 twice, signed; a delivery
+// with a wrong signature is refused. The ledger books each transfer once.
+func TestServe(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newLedgerDB(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const secret = "whsec_test"
+	r := runInBackground(t, func(ctx context.Context) error { return ledger.Serve(ctx, pool, ln, secret) })
+	url := "http://" + ln.Addr().String()
+	post := func(path string, header map[string]string, body string) int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, url+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	// The webhook answers 503 until its consumer fetches: wait for that.
+	signed := func(body, key string) map[string]string {
+		ts := strconv.FormatInt(time.Now().Unix(), 10)
+		mac := hmac.New(sha256.New, []byte(key))
+		mac.Write([]byte(ts + "." + body))
+		return map[string]string{"Stripe-Signature": "t=" + ts + ",v1=" + hex.EncodeToString(mac.Sum(nil))}
+	}
+	waitFor(t, r, "the webhook's consumer running", func() (bool, error) {
+		return post("/webhooks/bank", signed(transfers[1], secret), transfers[1]) == http.StatusOK, nil
+	})
+	if got := post("/webhooks/bank", signed(transfers[1], secret), transfers[1]); got != http.StatusOK {
+		t.Fatalf("second delivery of t-2: %d, want 200", got)
+	}
+	if got := post("/webhooks/bank", signed(transfers[3], "whsec_wrong"), transfers[3]); got != http.StatusUnauthorized {
+		t.Fatalf("a delivery with a wrong signature: %d, want 401", got)
+	}
+	for range 3 {
+		if got := post("/transfers", map[string]string{"Idempotency-Key": "k-1"}, transfers[0]); got != http.StatusCreated {
+			t.Fatalf("POST /transfers: %d, want 201", got)
+		}
+	}
+	r.stop(t)
+	var rows, distinct int
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT transfer_id) FROM ledger`).Scan(&rows, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 2 || distinct != 2 {
+		t.Fatalf("%d ledger rows for %d transfers, want t-1 and t-2 once each", rows, distinct)
 	}
 }
