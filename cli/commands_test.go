@@ -11,6 +11,8 @@ import (
 
 	"github.com/effectively-once/effectively/cli"
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/idempotency"
 )
 
 var stock = cli.Options{}
@@ -59,6 +61,20 @@ func TestMigrate(t *testing.T) {
 	}
 	if r := e.must(stock, "migrate", "--outbox", "--outbox-table", "orders_outbox", "--yes"); !strings.Contains(r.out, "up to date") {
 		t.Fatalf("second migrate --outbox: %s", r.out)
+	}
+
+	// The middleware's responses table comes with --idempotency, and a
+	// middleware with the default Config finds nothing left to apply.
+	r = e.must(stock, "migrate", "--idempotency", "--yes")
+	if !strings.Contains(r.out, "applied 1 migration(s)") {
+		t.Fatalf("migrate --idempotency: %s", r.out)
+	}
+	mw, err := idempotency.New(e.pool, idempotency.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pending, err := dedupe.PendingMigrations(context.Background(), e.pool, "", mw.Migrations()...); err != nil || len(pending) != 0 {
+		t.Fatalf("the middleware's migrations after migrate --idempotency: %v pending, %v", pending, err)
 	}
 }
 

@@ -5,19 +5,22 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/idempotency"
 	"github.com/effectively-once/effectively/outbox"
 	"github.com/spf13/cobra"
 )
 
 func (a *app) migrateCmd() *cobra.Command {
-	var print, withKafka, withOutbox, noParked, noStrategy bool
+	var print, withKafka, withOutbox, withIdempotency, noParked, noStrategy bool
 	of := &outboxFlags{}
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create or upgrade the library's tables",
 		Long: `Create or upgrade the tables a consumer needs: the parked-messages table,
 the markers table(s) of the strategy named by --strategy, with --kafka the
-Kafka offsets table, and with --outbox the outbox's tables (--outbox-table).
+Kafka offsets table, with --outbox the outbox's tables (--outbox-table), and
+with --idempotency the Idempotency-Key middleware's responses table
+(effectively.idempotency_responses; its markers are the strategy's).
 Run it once per strategy a deployment uses.
 
 Migrations already applied (recorded in <schema>.schema_migrations) are
@@ -43,8 +46,11 @@ dedupe.MigrationSQL) over a consumer's Migrations, which Consumer.Migrate runs.`
 				}
 				lines = append(lines, o.Line())
 			}
+			if withIdempotency {
+				lines = append(lines, idempotency.ResponsesLine(a.schema, idempotency.DefaultTable))
+			}
 			if len(lines) == 0 {
-				return fmt.Errorf("nothing selected: drop --no-parked or --no-strategy, or add --kafka or --outbox")
+				return fmt.Errorf("nothing selected: drop --no-parked or --no-strategy, or add --kafka, --outbox or --idempotency")
 			}
 			if print {
 				sql, err := dedupe.MigrationSQL(a.schema, lines...)
@@ -87,6 +93,7 @@ dedupe.MigrationSQL) over a consumer's Migrations, which Consumer.Migrate runs.`
 	f.BoolVar(&print, "print", false, "print the SQL instead of applying it")
 	f.BoolVar(&withKafka, "kafka", false, "include the Kafka offsets table (--offsets-table)")
 	f.BoolVar(&withOutbox, "outbox", false, "include the outbox's tables (--outbox-table)")
+	f.BoolVar(&withIdempotency, "idempotency", false, "include the Idempotency-Key middleware's responses table")
 	f.StringVar(&of.table, "outbox-table", outbox.DefaultTable, "name of the outbox's messages table, with --outbox")
 	f.BoolVar(&noParked, "no-parked", false, "leave out the parked-messages table")
 	f.BoolVar(&noStrategy, "no-strategy", false, "leave out the strategy's tables")

@@ -86,19 +86,27 @@ func (m *Middleware) Migrations() []dedupe.Line {
 	if mg, ok := m.cfg.Strategy.(dedupe.Migrator); ok {
 		lines = append(lines, mg.Migrations()...)
 	}
+	return append(lines, ResponsesLine(m.cfg.Schema, m.cfg.Table))
+}
+
+// ResponsesLine returns the migration line of the responses table
+// schema.table (DefaultTable in dedupe.DefaultSchema for a middleware with
+// the default Config), for tools that migrate without a Middleware, such
+// as the CLI's migrate --idempotency.
+func ResponsesLine(schema, table string) dedupe.Line {
 	sub, err := fs.Sub(migrationFiles, "migrations")
 	if err != nil {
 		panic(err) // the embedded directory always exists
 	}
-	return append(lines, dedupe.Line{
-		Name: "idempotency:" + m.cfg.Schema + "." + m.cfg.Table,
+	return dedupe.Line{
+		Name: "idempotency:" + schema + "." + table,
 		FS:   sub,
 		Idents: map[string]string{
-			"schema":         m.cfg.Schema,
-			"table":          m.cfg.Table,
-			"created_at_idx": m.cfg.Table + "_created_at_idx",
+			"schema":         schema,
+			"table":          table,
+			"created_at_idx": table + "_created_at_idx",
 		},
-	})
+	}
 }
 
 // Migrate applies Migrations with dedupe.Migrate, keeping the migrations
