@@ -1,0 +1,132 @@
+package idempotency_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/effectively-once/effectively/idempotency"
+	"github.com/effectively-once/effectively/pgtest"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// TestKilledServerProcess: a server process is killed (SIGKILL) while its
+// handler is inside a request, after it wrote the payment row. Its
+// database connection dies with it, so its transaction rolls back: no
+// row, no key. A retry of the request with the same key, served by
+// another process, runs the effect (it is not a replay), and the payment
+// exists once.
+func TestKilledServerProcess(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	e := newEnvPool(t, pool, idempotency.Config{}, nil)
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledServerChild$", "-test.v")
+	cmd.Env = append(os.Environ(), "IDEMPOTENCY_KILL_CHILD="+pool.Config().ConnString())
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := make(chan string, 16)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	expect := func(prefix string) string {
+		t.Helper()
+		timeout := time.After(2 * time.Minute) // bounds a hung child, no more
+		for {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					t.Fatalf("the child server exited before %q", prefix)
+				}
+				if strings.HasPrefix(l, prefix) {
+					return strings.TrimPrefix(l, prefix)
+				}
+			case <-timeout:
+				t.Fatalf("timed out waiting for the child server's %q", prefix)
+			}
+		}
+	}
+
+	addr := expect("ADDR ")
+	const body = `{"amount":500,"to":"gate"}`
+	sent := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/payments", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "k1")
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			err = fmt.Errorf("the killed server answered %d", resp.StatusCode)
+		}
+		sent <- err
+	}()
+	expect("ENTERED") // the row is written, in the request's transaction
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	if err := <-sent; err != nil && strings.Contains(err.Error(), "answered") {
+		t.Fatal(err)
+	}
+
+	// The retry may meet the dead server's transaction until its backend
+	// noticed the closed connection: 409, and then the effect.
+	r := retryConflict(t, e, "k1", body)
+	wantStatus(t, r, http.StatusCreated)
+	if r.header.Get(idempotency.ReplayedHeader) != "" {
+		t.Fatalf("the retry was a replay: %s", r.body)
+	}
+	if n := e.count(t, "key = 'k1'"); n != 1 {
+		t.Fatalf("%d payments for k1 after the kill and the retry, want 1", n)
+	}
+}
+
+// TestKilledServerChild is the server TestKilledServerProcess kills: it
+// serves the middleware over its database, prints its address, and holds a
+// request inside its handler (after the handler wrote its row) until it is
+// killed.
+func TestKilledServerChild(t *testing.T) {
+	dsn := os.Getenv("IDEMPOTENCY_KILL_CHILD")
+	if dsn == "" {
+		t.Skip("run by TestKilledServerProcess")
+	}
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := idempotency.New(pool, idempotency.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold := make(chan struct{})
+	srv := &http.Server{Handler: mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		paymentsHandler(&bodyHold{ResponseWriter: w}, r) // the row is written; the response never goes out
+		fmt.Println("ENTERED")
+		<-hold
+	}))}
+	fmt.Println("ADDR " + ln.Addr().String())
+	_ = srv.Serve(ln)
+}
