@@ -1,18 +1,16 @@
 package idempotency_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/effectively-once/effectively/idempotency"
+	"github.com/effectively-once/effectively/internal/childtest"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -28,44 +26,8 @@ func TestKilledServerProcess(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	e := newEnvPool(t, pool, idempotency.Config{}, nil)
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledServerChild$", "-test.v")
-	cmd.Env = append(os.Environ(), "IDEMPOTENCY_KILL_CHILD="+pool.Config().ConnString())
-	cmd.Stderr = os.Stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	lines := make(chan string, 16)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
-	expect := func(prefix string) string {
-		t.Helper()
-		timeout := time.After(2 * time.Minute) // bounds a hung child, no more
-		for {
-			select {
-			case l, ok := <-lines:
-				if !ok {
-					t.Fatalf("the child server exited before %q", prefix)
-				}
-				if strings.HasPrefix(l, prefix) {
-					return strings.TrimPrefix(l, prefix)
-				}
-			case <-timeout:
-				t.Fatalf("timed out waiting for the child server's %q", prefix)
-			}
-		}
-	}
-
-	addr := expect("ADDR ")
+	child := childtest.Start(t, "TestKilledServerChild", "IDEMPOTENCY_KILL_CHILD="+pool.Config().ConnString())
+	addr := child.Expect("ADDR ")
 	const body = `{"amount":500,"to":"gate"}`
 	sent := make(chan error, 1)
 	go func() {
@@ -79,11 +41,11 @@ func TestKilledServerProcess(t *testing.T) {
 		}
 		sent <- err
 	}()
-	expect("ENTERED") // the row is written, in the request's transaction
-	if err := cmd.Process.Kill(); err != nil {
+	child.Expect("ENTERED") // the row is written, in the request's transaction
+	if err := child.Cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	_ = cmd.Wait()
+	_ = child.Cmd.Wait()
 	if err := <-sent; err != nil && strings.Contains(err.Error(), "answered") {
 		t.Fatal(err)
 	}

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/effectively-once/effectively/internal/childtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -48,48 +48,9 @@ func TestFrozenRelayProcess(t *testing.T) {
 	}
 	emit(t, db, o, msg("k", "m1"), msg("k", "m2"))
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestFrozenRelayChild$", "-test.v")
-	cmd.Env = append(os.Environ(), "OUTBOX_FROZEN_CHILD="+db.Config().ConnString())
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	lines := make(chan string, 16)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
-	expect := func(prefix string) string {
-		t.Helper()
-		timeout := time.After(2 * time.Minute) // bounds a hung child, no more
-		for {
-			select {
-			case l, ok := <-lines:
-				if !ok {
-					t.Fatalf("the child relay exited before %q", prefix)
-				}
-				if strings.HasPrefix(l, prefix) {
-					return l
-				}
-			case <-timeout:
-				t.Fatalf("timed out waiting for the child relay's %q", prefix)
-			}
-		}
-	}
-
-	expect("READ") // the child has read m1 and m2 and waits to go on
+	child := childtest.Start(t, "TestFrozenRelayChild", "OUTBOX_FROZEN_CHILD="+db.Config().ConnString())
+	cmd := child.Cmd
+	child.Expect("READ") // the child has read m1 and m2 and waits to go on
 	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -101,10 +62,10 @@ func TestFrozenRelayProcess(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := io.WriteString(stdin, "GO\n"); err != nil {
+	if _, err := io.WriteString(child.Stdin, "GO\n"); err != nil {
 		t.Fatal(err)
 	}
-	if l := expect("PASS"); l != "PASS read=2 expired=2 published=0" {
+	if l := "PASS" + child.Expect("PASS"); l != "PASS read=2 expired=2 published=0" {
 		t.Fatalf("the woken relay's pass: %s", l)
 	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {

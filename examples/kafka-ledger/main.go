@@ -162,21 +162,11 @@ func run(ctx context.Context, log *slog.Logger, demo bool, n int) error {
 	defer cluster.Close()
 	embedded := cluster.Fake() != nil
 
-	// Postgres: DATABASE_URL, or a throwaway server.
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		pg, err := pgtest.Start(ctx, pgtest.Options{})
-		if err != nil {
-			return err
-		}
-		defer pg.Stop()
-		url = pg.URL()
-	}
-	pool, err := pgxpool.New(ctx, url)
+	pool, closeDB, err := pgtest.EnvPool(ctx, pgtest.Options{}, nil) // DATABASE_URL, or a throwaway server
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer closeDB()
 	if _, err := pool.Exec(ctx, schema); err != nil {
 		return fmt.Errorf("ledger schema: %w", err)
 	}

@@ -266,21 +266,11 @@ func run(ctx context.Context, n int, verbose bool) error {
 	if verbose {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		fmt.Println("starting a throwaway PostgreSQL (set DATABASE_URL to use yours)…")
-		pg, err := pgtest.Start(ctx, pgtest.Options{})
-		if err != nil {
-			return err
-		}
-		defer pg.Stop()
-		url = pg.URL()
-	}
-	pool, err := pgxpool.New(ctx, url)
+	pool, closeDB, err := pgtest.EnvPool(ctx, pgtest.Options{}, os.Stdout) // DATABASE_URL, or a throwaway server
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer closeDB()
 	if _, err := pool.Exec(ctx, schema); err != nil {
 		return fmt.Errorf("schema: %w", err)
 	}

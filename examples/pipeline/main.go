@@ -125,20 +125,11 @@ func run(ctx context.Context, n int, verbose bool) error {
 	}
 	defer cluster.Close()
 	embedded := cluster.Fake() != nil
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		pg, err := pgtest.Start(ctx, pgtest.Options{})
-		if err != nil {
-			return err
-		}
-		defer pg.Stop()
-		url = pg.URL()
-	}
-	pool, err := pgxpool.New(ctx, url)
+	pool, closeDB, err := pgtest.EnvPool(ctx, pgtest.Options{}, nil) // DATABASE_URL, or a throwaway server
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer closeDB()
 	if _, err := pool.Exec(ctx, schema); err != nil {
 		return fmt.Errorf("schema: %w", err)
 	}

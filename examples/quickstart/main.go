@@ -33,7 +33,6 @@ import (
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
 )
 
@@ -74,21 +73,11 @@ func run(ctx context.Context, n int) error {
 	if embedded {
 		fmt.Println("started an embedded Kafka (set KAFKA_BROKERS to use yours)")
 	}
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		fmt.Println("starting a throwaway PostgreSQL (set DATABASE_URL to use yours)…")
-		pg, err := pgtest.Start(ctx, pgtest.Options{})
-		if err != nil {
-			return err
-		}
-		defer pg.Stop()
-		url = pg.URL()
-	}
-	pool, err := pgxpool.New(ctx, url)
+	pool, closeDB, err := pgtest.EnvPool(ctx, pgtest.Options{}, os.Stdout) // DATABASE_URL, or a throwaway server
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer closeDB()
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS ledger (
     transfer_id text   NOT NULL,
     account     text   NOT NULL,

@@ -53,7 +53,6 @@ import (
 	"github.com/effectively-once/effectively/internal/fauxqs"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/effectively-once/effectively/sources/sqs"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Webhook is the part of a provider's event the worker reads.
@@ -119,24 +118,14 @@ func run(ctx context.Context, demo bool, events int, logger *slog.Logger) error 
 		return err
 	}
 
-	dbURL := os.Getenv("DATABASE_URL")
-	if dbURL == "" {
-		if !demo {
-			return errors.New("DATABASE_URL is not set")
-		}
-		fmt.Println("starting a throwaway PostgreSQL (set DATABASE_URL to use yours)…")
-		cluster, err := pgtest.Start(ctx, pgtest.Options{})
-		if err != nil {
-			return err
-		}
-		defer cluster.Stop()
-		dbURL = cluster.URL()
+	if os.Getenv("DATABASE_URL") == "" && !demo {
+		return errors.New("DATABASE_URL is not set")
 	}
-	pool, err := pgxpool.New(ctx, dbURL)
+	pool, closeDB, err := pgtest.EnvPool(ctx, pgtest.Options{}, os.Stdout) // DATABASE_URL, or with -demo a throwaway server
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer closeDB()
 	if _, err := pool.Exec(ctx, schemaSQL); err != nil {
 		return err
 	}
