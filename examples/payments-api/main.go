@@ -165,12 +165,12 @@ func pay(w http.ResponseWriter, r *http.Request) {
 // of every 50th payment's event fails, as a downstream call that timed out
 // would: it is answered 500, nothing of it commits, and the provider's
 // redelivery applies it.
-func settle(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+func (s *server) settle(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 	var e Event
 	if err := json.Unmarshal(m.Value, &e); err != nil {
 		return consumer.Permanent(fmt.Errorf("undecodable event: %w", err))
 	}
-	if _, seen := flaky.LoadOrStore(e.ID, true); !seen && e.PaymentID%50 == 0 {
+	if _, seen := s.failed.LoadOrStore(e.ID, true); !seen && e.PaymentID%50 == 0 {
 		return fmt.Errorf("event %s: the ledger service timed out", e.ID)
 	}
 	ct, err := tx.Exec(ctx, `UPDATE pay_payments SET status = 'settled' WHERE id = $1 AND status = 'pending'`, e.PaymentID)
@@ -184,15 +184,13 @@ func settle(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 	return err
 }
 
-// flaky holds the events whose first delivery failed already.
-var flaky sync.Map
-
 // server is the API and the webhook endpoint on one loopback listener.
 type server struct {
 	url    string
 	secret string
 	hooks  *outcomes
 	stop   func()
+	failed sync.Map // the events whose first delivery failed already
 }
 
 func serve(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (*server, error) {
@@ -216,7 +214,7 @@ func serve(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (*server, 
 	if err != nil {
 		return nil, err
 	}
-	c, err := consumer.New(pool, src, consumer.Config{Name: "provider-events", Strategy: ids, Handler: settle,
+	c, err := consumer.New(pool, src, consumer.Config{Name: "provider-events", Strategy: ids, Handler: s.settle,
 		BatchSize: 100, MaxAttempts: 3, RetryBackoff: 10 * time.Millisecond, Logger: log, Hooks: []consumer.Hook{s.hooks}})
 	if err != nil {
 		return nil, err
