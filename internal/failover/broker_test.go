@@ -132,9 +132,7 @@ func synchronousFailover(t *testing.T, held bool) {
 			break
 		}
 	}
-	if len(final) != messages || rows(final) != messages {
-		t.Errorf("%d effect rows for %d distinct messages, want %d of each; applied twice: %v", rows(final), len(final), messages, twice(final))
-	}
+	expectEach(t, final)
 	if parked := consumertest.Parked(t, p.pool, "", ""); len(parked) != 0 {
 		t.Errorf("%d messages parked, want none", len(parked))
 	}

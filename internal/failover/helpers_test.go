@@ -148,6 +148,15 @@ func (p *pair) cutOff(h *progress, g *gate) (cut int, before map[string]int) {
 	return cut, p.effects(p.r.Primary)
 }
 
+// expectEach fails t unless final holds exactly one effect of each of the
+// workload's messages.
+func expectEach(t *testing.T, final map[string]int) {
+	t.Helper()
+	if len(final) != messages || rows(final) != messages {
+		t.Errorf("%d effect rows for %d distinct messages, want %d of each; applied twice: %v", rows(final), len(final), messages, twice(final))
+	}
+}
+
 // rows sums the effect rows of counts.
 func rows(counts map[string]int) int {
 	n := 0
