@@ -59,6 +59,13 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	reapOnce.Do(func() {
+		logf := opts.Logf
+		if logf == nil {
+			logf = func(string, ...any) {}
+		}
+		reapOrphans(pgCtl, logf)
+	})
 	dir, err := os.MkdirTemp("", "pgtest-")
 	if err != nil {
 		return nil, fmt.Errorf("pgtest: %w", err)
@@ -93,6 +100,10 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		"-E", "UTF8", "--locale=C", "--no-sync").CombinedOutput()
 	if err != nil {
 		return fail(fmt.Errorf("initdb: %w\n%s", err, bytes.TrimSpace(out)))
+	}
+
+	if err := writeOwner(dir); err != nil {
+		return fail(err)
 	}
 
 	settings := []string{
