@@ -14,8 +14,9 @@
 //     median of Config.Runs, and the median of the runs' ratios;
 //   - the cost of expiring the oldest slice's markers, alone on the
 //     server after a checkpoint: the wall time and the WAL written
-//     (pg_wal_lsn_diff of pg_current_wal_lsn) by bloom's Maintain dropping
-//     the slice's partition, and by idset's Sweep deleting the same rows;
+//     (pg_wal_lsn_diff of pg_current_wal_insert_lsn: the WAL generated,
+//     written out yet or not) by bloom's Maintain dropping the slice's
+//     partition, and by idset's Sweep deleting the same rows;
 //   - the claim throughput while the next slice expires in another
 //     goroutine, relative to the same strategy's steady state measured
 //     just before and just after (bloom, whose drop lasts a fraction of the

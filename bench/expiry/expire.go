@@ -56,7 +56,7 @@ func (r *runner) expire(ctx context.Context, pool *pgxpool.Pool, c *claimer, j i
 	if err != nil {
 		return e, fmt.Errorf("expiry: %s: expiring slice %d: %w", c.name, j, err)
 	}
-	if err := pool.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint`, before).Scan(&e.WALBytes); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::bigint`, before).Scan(&e.WALBytes); err != nil {
 		return e, err
 	}
 	if e.Removed != want {
@@ -101,7 +101,7 @@ func (r *runner) dropSlice(ctx context.Context, pool *pgxpool.Pool, j int, marke
 
 func walLSN(ctx context.Context, pool *pgxpool.Pool) (string, error) {
 	var lsn string
-	err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn)
+	err := pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&lsn)
 	return lsn, err
 }
 
