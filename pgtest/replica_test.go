@@ -10,12 +10,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// A row committed on a synchronous primary is on the standby once it is
-// promoted, and the multi-host pool reaches the promoted standby.
-func TestReplicatedFailover(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	r, err := pgtest.StartReplicated(ctx, pgtest.ReplicaOptions{Synchronous: true, Logf: t.Logf})
+// startReplicated starts a primary and a standby with a database "app"
+// holding a table t of one committed row, and returns the database's
+// multi-host URL and a pool on it.
+func startReplicated(ctx context.Context, t *testing.T, synchronous bool) (*pgtest.Replicated, string, *pgxpool.Pool) {
+	t.Helper()
+	r, err := pgtest.StartReplicated(ctx, pgtest.ReplicaOptions{Synchronous: synchronous, Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,10 +32,19 @@ func TestReplicatedFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
+	t.Cleanup(pool.Close)
 	if _, err := pool.Exec(ctx, `CREATE TABLE t (v int); INSERT INTO t VALUES (1)`); err != nil {
 		t.Fatal(err)
 	}
+	return r, url, pool
+}
+
+// A row committed on a synchronous primary is on the standby once it is
+// promoted, and the multi-host pool reaches the promoted standby.
+func TestReplicatedFailover(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r, _, pool := startReplicated(ctx, t, true)
 	if err := r.KillPrimary(); err != nil {
 		t.Fatal(err)
 	}
@@ -63,27 +72,7 @@ func TestReplicatedFailover(t *testing.T) {
 func TestReplicatedAsyncLoss(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	r, err := pgtest.StartReplicated(ctx, pgtest.ReplicaOptions{Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := r.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
-	url, err := r.CreateDatabase(ctx, "app")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	if _, err := pool.Exec(ctx, `CREATE TABLE t (v int); INSERT INTO t VALUES (1)`); err != nil {
-		t.Fatal(err)
-	}
+	r, url, pool := startReplicated(ctx, t, false)
 	if err := r.CatchUp(ctx); err != nil {
 		t.Fatal(err)
 	}

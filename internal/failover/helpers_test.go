@@ -157,6 +157,46 @@ func expectEach(t *testing.T, final map[string]int) {
 	}
 }
 
+// expectKept fails t when the promoted standby lacks effects that were
+// reported applied before the kill: with synchronous replication every
+// acknowledged COMMIT is on the standby too.
+func expectKept(t *testing.T, promoted map[string]int, appliedAtKill int) {
+	t.Helper()
+	if rows(promoted) < appliedAtKill {
+		t.Errorf("the promoted standby has %d effects, fewer than the %d reported applied before the kill", rows(promoted), appliedAtKill)
+	}
+}
+
+// expectLoss stops t unless the promoted standby lacks some of the
+// effects the primary had at the kill: an asynchronous test that lost
+// nothing proves nothing.
+func expectLoss(t *testing.T, promoted, before map[string]int) {
+	t.Helper()
+	if rows(promoted) >= rows(before) {
+		t.Fatalf("the promoted standby has %d effects and the primary had %d: no commit was lost, the test proves nothing", rows(promoted), rows(before))
+	}
+}
+
+// synchronousRun is the synchronous test of a source: it lets the consumer
+// apply a third of the workload, kills the primary and promotes the
+// standby, lets finish (wait for the rest and stop the consumer), logs
+// what happened and checks that the promoted standby kept every reported
+// effect and that every message ends with exactly one effect.
+func (p *pair) synchronousRun(h *progress, g *gate, finish func()) {
+	t := p.t
+	t.Helper()
+	h.waitApplied(t, messages/3)
+	appliedAtKill, _, _ := h.counts()
+	promoted := p.killAndPromote(g)
+	finish()
+	final := p.effects(p.r.Standby)
+	_, unknown, errs := h.counts()
+	t.Logf("N=%d (%d published): %d reported applied at the kill, %d effects on the standby once promoted, %d at the end; %d batches rolled back by the switch, %d messages with an unknown COMMIT outcome",
+		messages, messages+messages/10, appliedAtKill, rows(promoted), rows(final), errs, unknown)
+	expectKept(t, promoted, appliedAtKill)
+	expectEach(t, final)
+}
+
 // rows sums the effect rows of counts.
 func rows(counts map[string]int) int {
 	n := 0
