@@ -58,8 +58,16 @@ func (e *env) engine(src consumer.Source, hooks *consumertest.Counter, mutate ..
 // TestEngineResume: a consumer is stopped mid-stream and another of the same
 // group takes over; every message is applied exactly once.
 func TestEngineResume(t *testing.T) {
-	const n = 6000
 	e := newEnv(t, 3)
+	e.resume(6000)
+}
+
+// resume produces n messages in two halves, the second while a consumer
+// takes the group over from the first, and checks that every message was
+// applied exactly once. It returns the consumers' counts.
+func (e *env) resume(n int) *consumertest.Counter {
+	t := e.t
+	t.Helper()
 	e.produce(0, n/2)
 	h := &consumertest.Counter{}
 	firstSrc := e.source()
@@ -74,6 +82,7 @@ func TestEngineResume(t *testing.T) {
 	if rows, distinct := e.effects(); rows != n || distinct != n {
 		t.Fatalf("%d effect rows for %d distinct messages, want %d of each; %s", rows, distinct, n, h)
 	}
+	return h
 }
 
 // TestEngineProducerDuplicates: a producer sent some events twice (same
