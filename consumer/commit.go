@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/internal/pgerr"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -47,30 +47,17 @@ func (e *commitError) Error() string {
 
 func (e *commitError) Unwrap() error { return e.err }
 
-// classifyCommit is the one place that decides what a COMMIT's error means.
-// An error reply to COMMIT means the transaction rolled back; only a lost
-// connection (no reply, or a FATAL one) leaves the outcome open.
+// classifyCommit decides what a COMMIT's error means (pgerr.CommitUnknown
+// is the one rule, shared with the Idempotency-Key middleware).
 func classifyCommit(err error) *commitError {
 	var pe *pgconn.PgError
 	switch {
-	case errors.As(err, &pe):
-		switch {
-		case pe.Severity == "FATAL" || pe.Severity == "PANIC" ||
-			strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57P"):
-			// The server ended the session (terminated, shutting down,
-			// crashed): the COMMIT may have been applied before it did.
-			return &commitError{kind: commitUnknown, err: err}
-		case transientCode(pe.Code):
-			return &commitError{kind: commitTransient, err: err}
-		default:
-			return &commitError{kind: commitRefused, err: err}
-		}
-	default:
-		// Whatever else went wrong, the COMMIT may have reached the server.
-		// (pgconn.SafeToRetry is no proof that it did not: a reply lost
-		// after the server committed surfaces as "conn closed", which
-		// claims to be safe to retry.)
+	case pgerr.CommitUnknown(err):
 		return &commitError{kind: commitUnknown, err: err}
+	case errors.As(err, &pe) && pgerr.Transient(pe.Code):
+		return &commitError{kind: commitTransient, err: err}
+	default:
+		return &commitError{kind: commitRefused, err: err}
 	}
 }
 
@@ -90,27 +77,6 @@ func commitTx(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-// transientCode reports SQLSTATEs that fail a transaction through no fault of
-// its content. At COMMIT, a query_canceled (57014) is a cancel request:
-// PostgreSQL stops the statement_timeout clock before COMMIT runs the
-// deferred triggers, so it is never that timeout.
-func transientCode(code string) bool {
-	switch code {
-	case "40001", // serialization_failure
-		"40P01", // deadlock_detected
-		"55P03", // lock_not_available
-		"57014": // query_canceled: a cancel request
-		return true
-	}
-	switch code[:min(2, len(code))] {
-	case "53", // insufficient resources
-		"58", // system error (I/O)
-		"XX": // internal error
-		return true
-	}
-	return false
-}
-
 // idleErr is the failure recorded for a handler call that returned err
 // after lasting longer than idle, when tx's connection is gone: the server
 // most likely ended the session because the call kept the transaction idle
@@ -124,22 +90,6 @@ func idleErr(tx pgx.Tx, err error, took, idle time.Duration) error {
 		return &IdleTxError{Timeout: idle, Err: err}
 	}
 	return err
-}
-
-// unavailableCode reports SQLSTATEs that say the database as a whole cannot
-// take a batch now, as during a primary switch: the batch is abandoned and
-// delivered again after a backoff, with no attempt counted.
-func unavailableCode(code string) bool {
-	switch code {
-	case "25006", // read_only_sql_transaction: a standby, or a primary made read-only
-		"57P01", // admin_shutdown
-		"57P02", // crash_shutdown
-		"57P03", // cannot_connect_now: the database system is starting up
-		"53300", // too_many_connections
-		"53100": // disk_full
-		return true
-	}
-	return strings.HasPrefix(code, "08") // connection_exception
 }
 
 // UnavailableError is the error that abandons a batch when a handler's
@@ -198,13 +148,13 @@ func (e *CommitCheckError) Unwrap() error { return e.Err }
 // failure, and counts as an attempt, or a handler that always waits that
 // long would be retried for ever.
 //
-// A database that cannot take the batch now (see unavailableCode: a
+// A database that cannot take the batch now (see pgerr.Unavailable: a
 // read-only server after a switch, one starting up or shutting down, a
 // connection lost, no connection slot left) is no fault of the message
 // either, whatever the handler's call took.
 func connLost(tx pgx.Tx, err error, took, idle time.Duration) error {
 	var pe *pgconn.PgError
-	if errors.As(err, &pe) && unavailableCode(pe.Code) {
+	if errors.As(err, &pe) && pgerr.Unavailable(pe.Code) {
 		return &UnavailableError{Err: err}
 	}
 	if idle > 0 && took > idle {

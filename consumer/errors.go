@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/internal/pgerr"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -147,7 +148,7 @@ func (c *Consumer) classifyHandlerErr(err error) error {
 	if errors.As(err, &te) || errors.As(err, &to) || errors.As(err, &ie) || !errors.As(err, &pe) || IsPermanent(err) {
 		return err
 	}
-	if unavailableCode(pe.Code) {
+	if pgerr.Unavailable(pe.Code) {
 		// Where the batch was not abandoned for it (a QueueHandler's
 		// statement), the message is retried all the same.
 		return &TransientError{Err: err}

@@ -4,41 +4,23 @@ import (
 	"errors"
 	"strings"
 
+	"github.com/effectively-once/effectively/internal/pgerr"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // transient reports whether a failure of the middleware's own statements
 // (BEGIN, the lock, the claim, storing or loading a response) passes by
-// itself: a serialization failure, a deadlock, a lock or statement
-// cancelled, a unique-violation race, a connection lost or refused, the
-// server short of resources or shutting down. The client gets 503 with
-// Retry-After; nothing was stored.
+// itself: no reply from the server, the server ending the session, a
+// SQLSTATE the consumer also retries (pgerr.Transient, pgerr.Unavailable),
+// an operator's intervention (57), or a unique-violation race with another
+// claim. The client gets 503 with Retry-After; nothing was stored.
 func transient(err error) bool {
 	var pe *pgconn.PgError
-	if !errors.As(err, &pe) {
-		// No reply from the server: a connection lost, refused or timed out.
+	if !errors.As(err, &pe) || pe.Severity == "FATAL" || pe.Severity == "PANIC" {
 		return true
 	}
-	switch pe.Code {
-	case "40001", // serialization_failure
-		"40P01", // deadlock_detected
-		"55P03", // lock_not_available
-		"57014", // query_canceled
-		"23505", // unique_violation: a race with another claim
-		"25006": // read_only_sql_transaction: a standby, or a failover under way
-		return true
-	}
-	if pe.Severity == "FATAL" || pe.Severity == "PANIC" {
-		return true
-	}
-	switch pe.Code[:min(2, len(pe.Code))] {
-	case "08", // connection exception
-		"53", // insufficient resources
-		"57", // operator intervention (shutdown, crash, cannot connect now)
-		"58": // system error
-		return true
-	}
-	return false
+	return pgerr.Transient(pe.Code) || pgerr.Unavailable(pe.Code) ||
+		pe.Code == "23505" || strings.HasPrefix(pe.Code, "57")
 }
 
 // commitOutcome is what a failed COMMIT means.
@@ -54,15 +36,11 @@ const (
 	commitUnknown
 )
 
-// classifyCommit is the one place that decides what a COMMIT's error means
-// (the consumer decides the same way).
+// classifyCommit decides what a COMMIT's error means, by the rule the
+// consumer uses (pgerr.CommitUnknown), and whether a rolled-back COMMIT is
+// worth retrying.
 func classifyCommit(err error) (commitOutcome, bool) {
-	var pe *pgconn.PgError
-	if !errors.As(err, &pe) {
-		return commitUnknown, true
-	}
-	if pe.Severity == "FATAL" || pe.Severity == "PANIC" ||
-		strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57P") {
+	if pgerr.CommitUnknown(err) {
 		return commitUnknown, true
 	}
 	return commitRolledBack, transient(err)
