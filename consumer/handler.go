@@ -3,7 +3,9 @@ package consumer
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/jackc/pgx/v5"
@@ -71,22 +73,43 @@ func DefaultKey(m *Message) (dedupe.Key, error) {
 // string or number field of a JSON payload, such as "event_id".
 func JSONField(field string) KeyFunc {
 	return func(m *Message) (dedupe.Key, error) {
-		var obj map[string]json.RawMessage
-		if err := json.Unmarshal(m.Value, &obj); err != nil {
-			return dedupe.Key{}, &DecodeError{Err: err}
-		}
-		raw, ok := obj[field]
-		if !ok {
-			return dedupe.Key{}, fmt.Errorf("payload has no %q field", field)
-		}
-		var s string
-		if err := json.Unmarshal(raw, &s); err == nil {
-			return dedupe.Key{ID: s}, nil
-		}
-		var n json.Number
-		if err := json.Unmarshal(raw, &n); err == nil {
-			return dedupe.Key{ID: n.String()}, nil
-		}
-		return dedupe.Key{}, fmt.Errorf("payload field %q is neither a string nor a number", field)
+		id, err := JSONID(m.Value, field)
+		return dedupe.Key{ID: id}, err
 	}
+}
+
+// JSONID reads an ID from a JSON object payload: the member at path, one
+// name per level, which must be a string (its value) or a number (as
+// written). A payload that is not JSON is a *DecodeError. JSONField keys
+// messages with it; sources that derive IDs from JSON bodies (the webhook
+// source's JSONField) use it too.
+func JSONID(payload []byte, path ...string) (string, error) {
+	if len(path) == 0 {
+		return "", errors.New("no member named for the ID")
+	}
+	where := strings.Join(path, ".")
+	raw := json.RawMessage(payload)
+	for i, name := range path {
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &obj); err != nil {
+			if i == 0 {
+				return "", &DecodeError{Err: err}
+			}
+			return "", fmt.Errorf("payload field %q is not an object: %w", strings.Join(path[:i], "."), err)
+		}
+		v, ok := obj[name]
+		if !ok {
+			return "", fmt.Errorf("payload has no %q field", where)
+		}
+		raw = v
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var n json.Number
+	if err := json.Unmarshal(raw, &n); err == nil {
+		return n.String(), nil
+	}
+	return "", fmt.Errorf("payload field %q is neither a string nor a number", where)
 }

@@ -1,12 +1,12 @@
 package webhook
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strings"
+
+	"github.com/effectively-once/effectively/consumer"
 )
 
 // JSONField returns an IDFunc that reads the event ID from the JSON body:
@@ -16,34 +16,14 @@ import (
 func JSONField(path ...string) IDFunc {
 	where := strings.Join(path, ".")
 	return func(_ *http.Request, body []byte) (string, error) {
-		if len(path) == 0 {
-			return "", errors.New("webhook: JSONField needs a member name")
+		id, err := consumer.JSONID(body, path...)
+		if err == nil && id == "" {
+			err = errors.New("it is empty")
 		}
-		raw := json.RawMessage(body)
-		for _, name := range path {
-			var obj map[string]json.RawMessage
-			if err := json.Unmarshal(raw, &obj); err != nil {
-				return "", fmt.Errorf("webhook: event ID %s: body is not a JSON object there: %w", where, err)
-			}
-			v, ok := obj[name]
-			if !ok {
-				return "", fmt.Errorf("webhook: event ID %s: no member %q", where, name)
-			}
-			raw = v
+		if err != nil {
+			return "", fmt.Errorf("webhook: event ID %s: %w", where, err)
 		}
-		raw = bytes.TrimSpace(raw)
-		var s string
-		if err := json.Unmarshal(raw, &s); err == nil {
-			if s == "" {
-				return "", fmt.Errorf("webhook: event ID %s is empty", where)
-			}
-			return s, nil
-		}
-		var n json.Number
-		if err := json.Unmarshal(raw, &n); err == nil {
-			return string(raw), nil
-		}
-		return "", fmt.Errorf("webhook: event ID %s is %s, not a string or number", where, raw)
+		return id, nil
 	}
 }
 
