@@ -37,7 +37,7 @@ func SetupHTTP(ctx context.Context, pool *pgxpool.Pool) (*idempotency.Middleware
 	if err != nil {
 		return nil, err
 	}
-	if _, err := mw.Migrate(ctx); err != nil {
+	if err := mw.Migrate(ctx); err != nil {
 		return nil, err
 	}
 	if _, err := pool.Exec(ctx, httpTable); err != nil {

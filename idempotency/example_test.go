@@ -35,7 +35,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	if _, err := mw.Migrate(ctx); err != nil {
+	if err := mw.Migrate(ctx); err != nil {
 		fmt.Println(err)
 		return
 	}

@@ -100,7 +100,7 @@ func newEnvDB(t testing.TB, pool *pgxpool.Pool, db dedupe.DB, cfg idempotency.Co
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	if _, err := mw.Migrate(ctx); err != nil {
+	if err := mw.Migrate(ctx); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
 	if _, err := pool.Exec(ctx, paymentsTable); err != nil {

@@ -110,9 +110,10 @@ func ResponsesLine(schema, table string) dedupe.Line {
 }
 
 // Migrate applies Migrations with dedupe.Migrate, keeping the migrations
-// table in Config.Schema.
-func (m *Middleware) Migrate(ctx context.Context) ([]dedupe.Migration, error) {
-	return dedupe.Migrate(ctx, m.db, m.cfg.Schema, m.Migrations()...)
+// table in Config.Schema, as Consumer.Migrate does for a consumer.
+func (m *Middleware) Migrate(ctx context.Context) error {
+	_, err := dedupe.Migrate(ctx, m.db, m.cfg.Schema, m.Migrations()...)
+	return err
 }
 
 // Sweep deletes the stored responses older than Config.Retention, in

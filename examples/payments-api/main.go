@@ -199,7 +199,7 @@ func serve(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (*server, 
 	if err != nil {
 		return nil, err
 	}
-	if _, err := mw.Migrate(ctx); err != nil {
+	if err := mw.Migrate(ctx); err != nil {
 		return nil, err
 	}
 	verifier, err := webhook.NewStripeVerifier(webhook.StripeConfig{Secrets: []string{s.secret}})

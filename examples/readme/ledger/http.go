@@ -21,7 +21,7 @@ func Serve(ctx context.Context, pool *pgxpool.Pool, ln net.Listener, bankSecret 
 	if err != nil {
 		return err
 	}
-	if _, err := mw.Migrate(ctx); err != nil {
+	if err := mw.Migrate(ctx); err != nil {
 		return err
 	}
 	verifier, err := webhook.NewStripeVerifier(webhook.StripeConfig{Secrets: []string{bankSecret}})
