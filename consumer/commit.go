@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/pgerr"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -245,17 +244,6 @@ func (c *Consumer) commit(ctx context.Context, tx pgx.Tx, b *Batch, items []*ite
 		return err
 	}
 	st.Commit += time.Since(t)
-	if c.committer != nil {
-		keys := make([]dedupe.Key, 0, len(items))
-		verdicts := make([]dedupe.Verdict, 0, len(items))
-		for _, it := range items {
-			if it.verdict == 0 || it.verdict == dedupe.VerdictGap || it.outcome == OutcomeRetried {
-				continue
-			}
-			keys = append(keys, it.key)
-			verdicts = append(verdicts, it.verdict)
-		}
-		c.committed(keys, verdicts)
-	}
+	c.committedItems(items)
 	return nil
 }

@@ -1,20 +1,16 @@
 package consumer_test
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // A message whose writes violate a deferred constraint makes the COMMIT
@@ -95,73 +91,15 @@ CREATE TABLE ledger (
 	}
 }
 
-// armedDialer is a network between the consumer and PostgreSQL that can be
-// told to lose the reply to the next COMMIT: the server commits, the client
-// sees its connection break.
-type armedDialer struct {
-	armed   atomic.Bool
-	dropped atomic.Int32
-}
-
-func (d *armedDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-	if err != nil {
-		return nil, err
-	}
-	return &armedConn{Conn: c, d: d}, nil
-}
-
-type armedConn struct {
-	net.Conn
-	d         *armedDialer
-	mu        sync.Mutex
-	committed bool // a COMMIT went out while armed; its reply is to be lost
-}
-
-// commitQuery is the simple-protocol query pgx sends for Tx.Commit.
-var commitQuery = append([]byte("commit"), 0)
-
-func (c *armedConn) Write(p []byte) (int, error) {
-	if len(p) > 5 && p[0] == 'Q' && bytes.Equal(p[5:], commitQuery) && c.d.armed.CompareAndSwap(true, false) {
-		c.mu.Lock()
-		c.committed = true
-		c.mu.Unlock()
-	}
-	return c.Conn.Write(p)
-}
-
-func (c *armedConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	c.mu.Lock()
-	drop := c.committed && n > 0
-	c.mu.Unlock()
-	if drop {
-		// The server answered the COMMIT: it is durable. Lose the answer.
-		c.d.dropped.Add(1)
-		c.Conn.Close()
-		return 0, errors.New("connection reset (the test dropped the reply to COMMIT)")
-	}
-	return n, err
-}
-
 // When the connection breaks after the server committed but before the
-// client heard so, the outcome is unknown to the consumer: it reports the
-// batch as unknown, not as applied or failed, does not acknowledge it, and
-// the redelivery finds every message a duplicate.
-func TestCommitOutcomeUnknownAfterCommit(t *testing.T) {
+// client heard so, the consumer finds out on another connection that the
+// batch committed: it reports every message applied (none unknown) and
+// acknowledges them, so they are not delivered again.
+func TestCommitLostAfterCommitIsResolved(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, consumertest.Config{Lanes: 1})
-	d := &armedDialer{}
-	pcfg, err := pgxpool.ParseConfig(e.pool.Config().ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.ConnConfig.DialFunc = d.dial
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	d := &pgtest.CommitLoss{}
+	pool := d.Pool(t, e.pool.Config().ConnString())
 	const n = 10
 	for i := range n {
 		e.broker.Publish(0, msg(fmt.Sprintf("m-%d", i), "x"))
@@ -169,7 +107,7 @@ func TestCommitOutcomeUnknownAfterCommit(t *testing.T) {
 	var once sync.Once
 	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		if m.ID == "m-3" {
-			once.Do(func() { d.armed.Store(true) })
+			once.Do(d.Arm)
 		}
 		return insertEffect(ctx, tx, m)
 	}
@@ -177,8 +115,8 @@ func TestCommitOutcomeUnknownAfterCommit(t *testing.T) {
 	c := consumertest.NewConsumer(t, pool, e.broker, e.config(consumer.Config{Handler: h, BatchSize: n, Concurrency: 1, Hooks: []consumer.Hook{outcomes}}))
 	consumertest.RunUntilIdle(t, c, e.broker, time.Minute)
 
-	if d.dropped.Load() != 1 {
-		t.Fatalf("%d COMMIT replies dropped, want 1: the test did not lose a commit", d.dropped.Load())
+	if d.Dropped() != 1 {
+		t.Fatalf("%d COMMIT replies dropped, want 1: the test did not lose a commit", d.Dropped())
 	}
 	counts := e.effectCounts()
 	for i := range n {
@@ -187,19 +125,25 @@ func TestCommitOutcomeUnknownAfterCommit(t *testing.T) {
 		}
 	}
 	tot := e.hooks.Total()
-	if u := unknowns(e.hooks); u != n || tot.Applied != 0 || tot.Duplicate != n {
-		t.Errorf("reported %d unknown, %d applied, %d duplicate; want %d unknown, then %d duplicates", u, tot.Applied, tot.Duplicate, n, n)
+	if u := unknowns(e.hooks); u != 0 || tot.Applied != n || tot.Duplicate != 0 {
+		t.Errorf("reported %d unknown, %d applied, %d duplicate; want 0 unknown, %d applied and no redelivery", u, tot.Applied, tot.Duplicate, n)
 	}
-	if got := outcomes.count(consumer.OutcomeUnknown); got != n {
-		t.Errorf("MessageDone reported %d messages as unknown, want %d", got, n)
+	if got := outcomes.count(consumer.OutcomeApplied); got != n {
+		t.Errorf("MessageDone reported %d messages as applied, want %d", got, n)
+	}
+	if got := commitLost(e.hooks, false); got != 1 {
+		t.Errorf("%d batches say CommitLost without an error, want 1", got)
+	}
+	if p := e.broker.Pending(); len(p) != 0 {
+		t.Errorf("%d messages still pending at the broker", len(p))
 	}
 }
 
 // When the server ends the session during COMMIT (here a deferred trigger
 // terminates its own backend) the transaction did not commit; the consumer
-// cannot know that, reports the batch as unknown, and the redelivery
-// applies every message once.
-func TestCommitOutcomeUnknownSessionTerminated(t *testing.T) {
+// finds that out on another connection, reports nothing unknown, and the
+// redelivery applies every message once.
+func TestCommitLostSessionTerminatedIsResolved(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, consumertest.Config{Lanes: 1})
 	ctx := context.Background()
@@ -233,8 +177,11 @@ CREATE CONSTRAINT TRIGGER kill_at_commit AFTER INSERT ON effects
 			t.Errorf("%s has %d effects, want 1", id, counts[id])
 		}
 	}
-	if u, a := unknowns(e.hooks), e.hooks.Total().Applied; u != n || a != n {
-		t.Errorf("reported %d unknown, %d applied; want %d unknown, then %d applied", u, a, n, n)
+	if u, a := unknowns(e.hooks), e.hooks.Total().Applied; u != 0 || a != n {
+		t.Errorf("reported %d unknown, %d applied; want 0 unknown and %d applied", u, a, n)
+	}
+	if got := commitLost(e.hooks, true); got != 1 {
+		t.Errorf("%d batches say CommitLost with an error (rolled back), want 1", got)
 	}
 	if len(e.parked()) != 0 {
 		t.Errorf("parked %+v", e.parked())
@@ -245,6 +192,18 @@ func unknowns(c *consumertest.Counter) int {
 	n := 0
 	for _, b := range c.Batches() {
 		n += b.Unknown
+	}
+	return n
+}
+
+// commitLost counts the batches whose COMMIT lost its reply and was
+// resolved: committed (rolledBack false) or not.
+func commitLost(c *consumertest.Counter, rolledBack bool) int {
+	n := 0
+	for _, b := range c.Batches() {
+		if b.CommitLost && (b.Err != nil) == rolledBack {
+			n++
+		}
 	}
 	return n
 }

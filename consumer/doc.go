@@ -77,10 +77,20 @@
 // parked like a failing handler (*CommitCheckError). Transient refusals
 // (serialization failures, deadlocks, a lock timeout, a cancel request)
 // roll the batch back and it is delivered again after a backoff. When the
-// connection is lost during COMMIT, the outcome is unknown: the batch is
-// not acknowledged, its messages are reported as OutcomeUnknown, and their
-// redelivery settles them: duplicates if the commit went through, applied
-// if it did not.
+// connection is lost during COMMIT (or the batch's context is cancelled
+// while COMMIT is on its way), the consumer finds out on another
+// connection whether the batch committed, before it settles it: the
+// markers its new messages claimed were written in the same transaction,
+// so claiming the same keys again in a transaction that is rolled back
+// sees them exactly when it did. A batch that committed is acknowledged
+// and reported with its real outcomes; one that did not is handed back and
+// delivered again (BatchStats.CommitLost is true either way). Only when the
+// database cannot be asked within the bound (30s, or twice IdleTxTimeout
+// when that is longer) are the messages reported as OutcomeUnknown and
+// handed back; redelivery then settles them, duplicates if the commit went
+// through, as long as the source still holds them: a source that stores
+// its position in the transaction (Kafka) does not deliver them again once
+// the lane has moved to another consumer if the batch committed.
 //
 // # A frozen worker
 //
@@ -120,7 +130,7 @@
 // primary switch (connection refused or lost, read-only 25006, starting
 // up 57P03, shutting down 57P01), roll the batch back and deliver it again
 // after a backoff (*UnavailableError in BatchStats.Err), with no attempt
-// counted; an unknown COMMIT outcome is settled by redelivery. At
+// counted; a COMMIT that lost its reply is resolved as above. At
 // start-up, a pool with fewer connections than Concurrency (plus one for
 // the strategy's background work) is reported with the numbers.
 //

@@ -21,10 +21,11 @@ const (
 	// OutcomeRetried: the handler failed (or the sequence had a gap) and the
 	// message was handed back for redelivery.
 	OutcomeRetried
-	// OutcomeUnknown: the connection was lost during the batch's COMMIT, so
-	// whether its outcome committed is not known. The message is not
-	// acknowledged; its redelivery settles it (a duplicate if the commit
-	// went through).
+	// OutcomeUnknown: the connection was lost during the batch's COMMIT,
+	// and the database could not be asked afterwards whether it committed
+	// (see "Failures at COMMIT" in the package documentation). The message
+	// is not acknowledged; its redelivery settles it (a duplicate if the
+	// commit went through).
 	OutcomeUnknown
 )
 
@@ -74,9 +75,16 @@ type BatchStats struct {
 	// also in Retried.
 	Applied, Duplicate, Mismatch, Parked, Retried, Gap int
 	// Unknown counts the messages of a batch whose COMMIT lost its
-	// connection: they may or may not have committed, and are delivered
-	// again (see OutcomeUnknown). Err is then set too.
+	// connection and whose outcome could not be found out afterwards: they
+	// may or may not have committed, and are delivered again (see
+	// OutcomeUnknown). Err is then set too.
 	Unknown int
+	// CommitLost is true when the batch's COMMIT lost its reply (the
+	// connection broke, the server ended the session, the context was
+	// cancelled on the way) and the consumer then found out, on another
+	// connection, whether it had committed: the outcomes reported are the
+	// real ones, and Unknown is 0. Err is set when it had not committed.
+	CommitLost bool
 	// Isolated is true when a handler failed and the batch was re-run under
 	// savepoints to isolate the failing messages.
 	Isolated bool

@@ -14,6 +14,10 @@ func (c *Consumer) settle(ctx context.Context, b *Batch, items []*item, st *Batc
 	for _, it := range items {
 		st.Reruns += max(it.runs-1, 0)
 	}
+	var ce *commitError
+	if errors.As(err, &ce) && ce.kind == commitUnknown {
+		err = c.resolveCommit(ctx, b, items, st, ce)
+	}
 	if err != nil {
 		return c.abandon(ctx, b, items, st, err, start)
 	}
@@ -57,8 +61,14 @@ func (c *Consumer) abandon(ctx context.Context, b *Batch, items []*item, st *Bat
 	switch {
 	case st.Fenced:
 		c.log.InfoContext(ctx, "batch dropped: lane fenced by a newer owner", "lane", b.Lane, "err", err)
+	case unknown && c.txsrc != nil:
+		c.log.ErrorContext(ctx, "connection lost during commit, and whether the batch committed could not be found out: its messages are handed back to the source and delivered again while this consumer holds the lane, recognised as duplicates if it committed; if the lane moves first (a restart, a rebalance) and it committed, the source's position committed with it and they are not delivered again, their outcome stays unknown here",
+			"lane", b.Lane, "size", len(items), "err", err)
 	case unknown:
-		c.log.WarnContext(ctx, "connection lost during commit: the batch may or may not have committed; its messages will be delivered again and recognised as duplicates if it did",
+		c.log.ErrorContext(ctx, "connection lost during commit, and whether the batch committed could not be found out: its messages are not acknowledged, so the source delivers them again, and they are recognised as duplicates if it committed",
+			"lane", b.Lane, "size", len(items), "err", err)
+	case errors.Is(err, errCommitLost):
+		c.log.WarnContext(ctx, "connection lost during commit, and the batch did not commit; its messages will be delivered again",
 			"lane", b.Lane, "size", len(items), "err", err)
 	default:
 		c.log.ErrorContext(ctx, "batch rolled back; its messages will be delivered again", "lane", b.Lane, "size", len(items), "err", err)
