@@ -42,6 +42,7 @@ type Bouncer struct {
 
 	stopOnce sync.Once
 	stopErr  error
+	untrack  func() // forgets it in the interrupt handler's list
 }
 
 // bouncerPort names the Unix socket (.s.PGSQL.<port>) in the bouncer's
@@ -141,6 +142,7 @@ log_disconnections = 0
 	}
 	b.cmd = cmd
 	go func() { _ = cmd.Wait(); close(b.exited) }()
+	b.untrack = track(b.Stop) // stopped on SIGINT or SIGTERM
 
 	// Ready when a query through it reaches the server.
 	begin := time.Now()
@@ -201,6 +203,9 @@ func (b *Bouncer) Stop() error {
 			b.stopErr = fmt.Errorf("pgtest: %w", err)
 		}
 		b.logf("pgtest: pgbouncer in %s stopped", b.dir)
+		if b.untrack != nil {
+			b.untrack()
+		}
 	})
 	return b.stopErr
 }

@@ -41,6 +41,7 @@ type Cluster struct {
 
 	stopOnce sync.Once
 	stopErr  error
+	untrack  func() // forgets it in the interrupt handler's list
 }
 
 const port = "5432"
@@ -74,7 +75,9 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if c.logf == nil {
 		c.logf = func(string, ...any) {}
 	}
+	c.untrack = track(c.Stop) // stopped on SIGINT or SIGTERM, even while starting
 	fail := func(err error) (*Cluster, error) {
+		c.untrack()
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("pgtest: %w", err)
 	}
@@ -160,6 +163,9 @@ func (c *Cluster) Stop() error {
 			c.stopErr = errors.Join(c.stopErr, fmt.Errorf("pgtest: %w", err))
 		}
 		c.logf("pgtest: server in %s stopped", c.dir)
+		if c.untrack != nil {
+			c.untrack()
+		}
 	})
 	return c.stopErr
 }
