@@ -12,7 +12,7 @@ import (
 // process ends: a throwaway server must not outlive the program or test
 // that started it, even one ended with Ctrl-C.
 var live struct {
-	mu      sync.Mutex
+	mu    sync.Mutex
 	stops map[*int]func() error
 	once  sync.Once
 }
