@@ -98,3 +98,9 @@ tidy:
 ## demo: the quickstart ledger demo
 demo:
 	$(GO) run ./examples/quickstart
+
+## demo-soak: the README's demo DEMO_RUNS times in a row (default 30), taking turns on a throwaway server, DATABASE_URL, and PgBouncer; every run must end OK within its bound
+DEMO_RUNS ?= 30
+.PHONY: demo-soak
+demo-soak:
+	DEMO_SOAK_RUNS=$(DEMO_RUNS) $(GO) test -count=1 -timeout 0 -v -run '^TestDemoSoak$$' ./examples/quickstart/

@@ -56,14 +56,15 @@ func apply(ctx context.Context, tx pgx.Tx, m *consumer.Message, t Transfer) erro
 
 func main() {
 	n := flag.Int("transfers", 50000, "number of transfers to produce")
+	timeout := flag.Duration("timeout", 5*time.Minute, "how long the workers may take to book or park every transfer")
 	flag.Parse()
-	if err := run(context.Background(), *n); err != nil {
+	if err := run(context.Background(), *n, *timeout); err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, n int) error {
+func run(ctx context.Context, n int, timeout time.Duration) error {
 	cluster, err := kafkatest.Start() // KAFKA_BROKERS, or an embedded cluster
 	if err != nil {
 		return err
@@ -140,31 +141,56 @@ func run(ctx context.Context, n int) error {
 	}
 	stopSteady, steadyDone := start(ctx, steady)
 
+	// allSettled reads from the database how many transfers are booked (ledger
+	// rows) and parked; every transfer is settled when they add up to all
+	// of them. The outcomes the hooks count are for the progress line only:
+	// the database is what says the work is done.
+	parkedStore := steady.Parked()
+	var booked, parkedNow int64
+	allSettled := func() (bool, error) {
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM ledger WHERE transfer_id LIKE $1 || '/%'`, run).Scan(&booked); err != nil {
+			return false, err
+		}
+		p, err := parkedStore.Count(ctx, consumer.ParkedFilter{Scope: run})
+		if err != nil {
+			return false, err
+		}
+		parkedNow = p
+		return booked+parkedNow >= int64(valid+invalid), nil
+	}
+
 	// The crashing worker: a shutdown timeout of a nanosecond abandons its
 	// batch in flight, like a crash; its replacement (and the steady
 	// worker, after the rebalance) resume from the offsets in Postgres.
 	start0 := time.Now()
+	deadline := start0.Add(timeout)
 	crashes := 0
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
-	settled := func() bool { return counts.get().settled() >= produced }
-	for !settled() {
+	settled := false
+	for !settled {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not every transfer was booked or parked within %s: %d booked, %d parked of %d transfers (-timeout sets the bound)",
+				timeout, booked, parkedNow, valid+invalid)
+		}
 		c, src, err := newWorker(time.Nanosecond)
 		if err != nil {
 			return err
 		}
 		stop, done := start(ctx, c)
-		deadline := time.After(time.Duration(150+rng.IntN(300)) * time.Millisecond)
+		crash := time.After(time.Duration(150+rng.IntN(300)) * time.Millisecond)
 		tick := time.NewTicker(50 * time.Millisecond)
 	life:
 		for {
 			select {
 			case <-tick.C:
-				s := counts.get()
-				fmt.Printf("\r  applied %6d of %d   duplicates %5d   parked %2d   crashes %2d", s.Applied, valid, s.Duplicate, s.Parked, crashes)
-				if settled() {
+				if settled, err = allSettled(); err != nil {
+					return err
+				}
+				fmt.Printf("\r  booked %6d of %d   duplicates skipped %5d   parked %2d   crashes %2d", booked, valid, counts.get().Duplicate, parkedNow, crashes)
+				if settled {
 					break life
 				}
-			case <-deadline:
+			case <-crash:
 				crashes++
 				break life
 			}
@@ -184,13 +210,15 @@ func run(ctx context.Context, n int) error {
 	elapsed := time.Since(start0)
 
 	var got int64
-	var rows, distinct, parked int
+	var rows, distinct int
 	if err := pool.QueryRow(ctx, `SELECT coalesce(sum(amount), 0), count(*), count(DISTINCT transfer_id) FROM ledger WHERE transfer_id LIKE $1 || '/%'`, run).Scan(&got, &rows, &distinct); err != nil {
 		return err
 	}
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM effectively.parked WHERE scope = $1`, run).Scan(&parked); err != nil {
+	parked64, err := parkedStore.Count(ctx, consumer.ParkedFilter{Scope: run})
+	if err != nil {
 		return err
 	}
+	parked := int(parked64)
 	s := counts.get()
 	fmt.Printf("\n\nreport (%s)\n", elapsed.Round(time.Millisecond))
 	fmt.Printf("  messages produced     %7d\n", produced)
@@ -266,7 +294,6 @@ type counter struct {
 
 type totals struct{ Delivered, Applied, Duplicate, Parked int }
 
-func (t totals) settled() int { return t.Applied + t.Duplicate + t.Parked }
 
 func (c *counter) BatchDone(_ context.Context, s *consumer.BatchStats) {
 	c.mu.Lock()
