@@ -51,8 +51,20 @@ soak-outbox:
 soak-kafka:
 	CHAOS_FULL=1 $(GO) test -race -count=1 -timeout 30m -v -run '^TestChaos$$' ./internal/chaos/
 
-## deps: the pinned SQS emulator used by the tests
-deps: $(FAUXQS)
+## deps: the pinned SQS emulator used by the tests, after a check that the servers the tests start are installed
+deps: servers $(FAUXQS)
+
+# servers: the tests start throwaway PostgreSQL servers and PgBouncers from
+# the machine's binaries; say what to install when they are missing, before
+# hundreds of tests fail on it.
+.PHONY: servers
+servers:
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+		{ echo "PostgreSQL's server binaries (initdb, pg_ctl) are missing: apt-get install postgresql (or set TEST_DATABASE_URL)"; exit 1; }
+	@command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || \
+		{ echo "PgBouncer is missing: apt-get install pgbouncer (the tests run every component through it)"; exit 1; }
+	@command -v npm >/dev/null 2>&1 || \
+		{ echo "npm is missing: apt-get install nodejs npm (the tests' SQS emulator is an npm package)"; exit 1; }
 
 $(FAUXQS): internal/fauxqs/package.json internal/fauxqs/package-lock.json
 	npm ci --prefix internal/fauxqs --no-audit --no-fund

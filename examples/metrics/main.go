@@ -149,7 +149,11 @@ func run(ctx context.Context, o options) error {
 
 	go produce(ctx, broker, o.rate)
 	go reportLag(ctx, metrics, broker, name)
-	fmt.Fprintln(o.out, "consuming; press Ctrl-C to stop")
+	if o.duration > 0 {
+		fmt.Fprintf(o.out, "consuming for %s (or until Ctrl-C)\n", o.duration)
+	} else {
+		fmt.Fprintln(o.out, "consuming; press Ctrl-C to stop")
+	}
 	runErr := c.Run(ctx)
 
 	summary, scrapeErr := scrapeSummary(addr)

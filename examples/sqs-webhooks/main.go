@@ -119,7 +119,7 @@ func run(ctx context.Context, demo bool, events int, logger *slog.Logger) error 
 	}
 
 	if os.Getenv("DATABASE_URL") == "" && !demo {
-		return errors.New("DATABASE_URL is not set")
+		return errors.New("DATABASE_URL is not set: for the self-checking demo on a throwaway PostgreSQL and the bundled SQS emulator, run `go run ./examples/sqs-webhooks -demo` (after `make deps`, which installs the emulator's npm packages); to consume a real queue, set DATABASE_URL and SQS_QUEUE_URL (or SQS_QUEUE)")
 	}
 	pool, closeDB, err := pgtest.EnvPool(ctx, pgtest.Options{}, os.Stdout) // DATABASE_URL, or with -demo a throwaway server
 	if err != nil {
