@@ -125,6 +125,14 @@ func (a *app) stats(ctx context.Context, pool *pgxpool.Pool, scope, group string
 	if err != nil {
 		return nil, err
 	}
+	var schemaExists bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, a.schema).Scan(&schemaExists); err != nil {
+		return nil, err
+	}
+	if !schemaExists {
+		return nil, fmt.Errorf("schema %s does not exist in this database: give the --schema the consumers use (Config.Schema; default %q), or run %q to create the library's tables",
+			showRef(a.schema), dedupe.DefaultSchema, a.opts.Name+" migrate")
+	}
 	rep := &StatsReport{Strategy: s.Name(), Scopes: []ScopeStats{}, KafkaOffsets: []OffsetStats{}}
 	scopes := map[string]*ScopeStats{}
 	get := func(name string) *ScopeStats {
