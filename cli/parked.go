@@ -410,18 +410,21 @@ list"): purging it purges them all.`,
 			if err != nil {
 				return err
 			}
-			n, err := store.Count(ctx, pf)
+			// The rows counted in the question are the rows deleted: one
+			// parked while the question waits is left alone.
+			ids, err := store.IDs(ctx, pf)
 			if err != nil {
 				return err
 			}
 			out := cmd.OutOrStdout()
-			if n == 0 {
+			if len(ids) == 0 {
 				fmt.Fprintln(out, "no parked message matches")
 				return nil
 			}
-			if err := a.confirm(cmd, fmt.Sprintf("Delete %d parked message(s) for good?", n)); err != nil {
+			if err := a.confirm(cmd, fmt.Sprintf("Delete %d parked message(s) for good?", len(ids))); err != nil {
 				return err
 			}
+			pf.IDs, pf.Limit = ids, 0
 			deleted, err := store.Delete(ctx, pf)
 			if err != nil {
 				return err
