@@ -29,10 +29,14 @@ func TestMissingTablesSayMigrate(t *testing.T) {
 }
 
 // stats with a schema that does not exist is an error, not an empty
-// report.
+// report; before the first migrate, the default schema's absence is
+// reported as such.
 func TestStatsMissingSchema(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
+	if r := e.must(stock, "stats"); !strings.Contains(r.err, `schema effectively does not exist yet: run "effectively migrate"`) {
+		t.Fatalf("stats before migrate: stderr %q", r.err)
+	}
 	e.must(stock, "migrate", "--yes")
 	_, err := e.run(stock, "", "stats", "--schema", "nosuch")
 	if err == nil || !strings.Contains(err.Error(), "schema nosuch does not exist") || !strings.Contains(err.Error(), "--schema") {

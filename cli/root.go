@@ -115,7 +115,7 @@ is safe while consumers run, except where its help says otherwise
 		root.Version = opts.Version
 	}
 	f := root.PersistentFlags()
-	f.StringVar(&a.dbURL, "database-url", "", "PostgreSQL URL (default $"+envDatabaseURL+", then $DATABASE_URL; prefer those or --database-url-file for a URL with a password)")
+	f.StringVar(&a.dbURL, "database-url", "", "PostgreSQL URL (default $"+envDatabaseURL+", then $DATABASE_URL; with a password, prefer those or --database-url-file)")
 	f.StringVar(&a.dbURLFile, "database-url-file", "", "file holding the PostgreSQL URL (a trailing newline is removed)")
 	f.StringVar(&a.schema, "schema", dedupe.DefaultSchema, "schema of the library's tables")
 	f.StringVar(&a.parkedTable, "parked-table", "parked", "name of the parked-messages table")
