@@ -16,6 +16,11 @@
 // Every command that writes asks for confirmation unless --yes is given,
 // and refuses to run without --yes when its input is not a terminal.
 //
+// The database URL comes from --database-url, --database-url-file,
+// $EFFECTIVELY_DATABASE_URL or $DATABASE_URL, the first that is set; a
+// password is better kept off the command line, in the file, the
+// environment, $PGPASSWORD or ~/.pgpass.
+//
 // The commands that talk to Kafka (replay, stats) connect with TLS (--tls,
 // --tls-ca, --tls-cert, --tls-key, --tls-server-name) and SASL PLAIN or
 // SCRAM (--sasl-mechanism, --sasl-username); the password comes from

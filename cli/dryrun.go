@@ -67,6 +67,10 @@ type DryRunReport struct {
 	Partitions map[int]*DryRunCounts `json:"partitions"`
 	Total      DryRunCounts          `json:"total"`
 	Seconds    float64               `json:"seconds"`
+	// Warnings say what in the settings given looks wrong: a group that
+	// never ran, a key setting under which none of the messages the group
+	// consumed has a marker.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // dryRun reads the plan's ranges and classifies every message by claiming
@@ -84,11 +88,12 @@ func (a *app) dryRun(cmd *cobra.Command, pool *pgxpool.Pool, kc *kafkaClient, o 
 	if err := prepare(ctx, pool, s); err != nil {
 		return nil, err
 	}
-	rep := &DryRunReport{Group: o.group, Topic: o.topic, Scope: o.scope, Strategy: s.Name(), Plan: plan, Partitions: map[int]*DryRunCounts{}}
+	rep := &DryRunReport{Group: o.group, Topic: o.topic, Scope: o.scope, Strategy: s.Name(), Plan: plan, Partitions: map[int]*DryRunCounts{},
+		Warnings: o.warnings}
 
 	var total int64
 	for _, p := range plan {
-		total += p.Messages
+		total += p.Messages + p.Lag
 	}
 	prog := newProgress(cmd.ErrOrStderr(), "reading "+o.topic, total, o.progress)
 	defer prog.stop()
@@ -110,7 +115,7 @@ func (a *app) dryRun(cmd *cobra.Command, pool *pgxpool.Pool, kc *kafkaClient, o 
 	for _, p := range plan {
 		counts := &DryRunCounts{}
 		rep.Partitions[p.Partition] = counts
-		if p.Messages <= 0 {
+		if p.End <= p.Target {
 			continue
 		}
 		if err := cl.readPartition(ctx, kc, p, counts, prog); err != nil {
@@ -120,6 +125,12 @@ func (a *app) dryRun(cmd *cobra.Command, pool *pgxpool.Pool, kc *kafkaClient, o 
 	}
 	rep.Seconds = time.Since(start).Seconds()
 	prog.stop()
+	if cl.again > 0 && cl.againMarked == 0 {
+		// The dry run's claims are released before other key settings
+		// are tried on the same messages.
+		_ = tx.Rollback(ctx)
+		rep.Warnings = append(rep.Warnings, a.keyWarnings(ctx, pool, s, o, cl.again, cl.sample)...)
+	}
 	return rep, nil
 }
 
@@ -131,21 +142,42 @@ type classifier struct {
 	kf  consumer.KeyFunc
 	// parked is the parked table, read in tx.
 	parked *consumer.ParkedStore
+
+	// consumed is true while the messages read are ones the group consumed
+	// before (before its stored offset). again counts those not parked,
+	// againMarked those of them whose key has a marker, and sample holds
+	// the first of them, for the key check.
+	consumed           bool
+	again, againMarked int64
+	sample             []*consumer.Message
 }
 
 // readPartition reads [Target, End) of one partition in batches, as the
-// Kafka source delivers it (committed records only, no control records).
+// Kafka source delivers it (committed records only, no control records):
+// first the messages the group consumed before, up to its stored offset,
+// then its lag.
 func (c *classifier) readPartition(ctx context.Context, kc *kafkaClient, p PartitionPlan, counts *DryRunCounts, prog *progress) error {
-	if p.Target >= p.End {
-		return nil
-	}
-	return kafka.ReadRange(ctx, kc.sourceConfig(c.o.idHeader), c.o.topic, p.Partition, p.Target, p.End, c.o.batch, func(batch []*consumer.Message) error {
-		if err := c.classify(ctx, batch, counts); err != nil {
+	pos := p.Target + p.Messages
+	for _, r := range []struct {
+		from, to int64
+		consumed bool
+	}{{p.Target, pos, true}, {pos, p.End, false}} {
+		if r.from >= r.to {
+			continue
+		}
+		c.consumed = r.consumed
+		err := kafka.ReadRange(ctx, kc.sourceConfig(c.o.idHeader), c.o.topic, p.Partition, r.from, r.to, c.o.batch, func(batch []*consumer.Message) error {
+			if err := c.classify(ctx, batch, counts); err != nil {
+				return err
+			}
+			prog.add(int64(len(batch)))
+			return nil
+		})
+		if err != nil {
 			return err
 		}
-		prog.add(int64(len(batch)))
-		return nil
-	})
+	}
+	return nil
 }
 
 // classify looks the batch's messages up in the parked table and runs them
@@ -171,6 +203,15 @@ func (c *classifier) classify(ctx context.Context, batch []*consumer.Message, co
 	for i, cl := range cls {
 		counts.Messages++
 		isParked := parked[batch[i].Ref]
+		if c.consumed && !isParked {
+			c.again++
+			if cl.Err == nil && (cl.Verdict == dedupe.VerdictDuplicate || cl.Verdict == dedupe.VerdictMismatch) {
+				c.againMarked++
+			}
+			if len(c.sample) < keySample {
+				c.sample = append(c.sample, batch[i])
+			}
+		}
 		if cl.Err != nil {
 			counts.ReplayParked++
 			if isParked {

@@ -180,6 +180,28 @@ func (k *kafkaClient) groupMembers(ctx context.Context, group string) (state str
 	return "Dead", 0, nil
 }
 
+// committed returns how many of parts have an offset that group committed
+// to Kafka.
+func (k *kafkaClient) committed(ctx context.Context, group, topic string, parts []int) (int, error) {
+	resp, err := k.c.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: parts}})
+	if err != nil {
+		return 0, fmt.Errorf("kafka: offsets committed by group %s: %w", group, err)
+	}
+	if errors.Is(resp.Error, kafkago.GroupIdNotFound) {
+		return 0, nil
+	}
+	if resp.Error != nil {
+		return 0, fmt.Errorf("kafka: offsets committed by group %s: %w", group, resp.Error)
+	}
+	n := 0
+	for _, p := range resp.Topics[topic] {
+		if p.Error == nil && p.CommittedOffset >= 0 {
+			n++
+		}
+	}
+	return n, nil
+}
+
 // sourceConfig is the Kafka source's connection and fetch settings for
 // reading records as a consumer would.
 // idHeader names the header of a message's default ID.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -91,8 +92,24 @@ func (f *parkedFilter) refs() ([]string, error) {
 	return out, nil
 }
 
+// parkReasons are the reasons a row can be parked for.
+var parkReasons = []string{consumer.ReasonInvalidKey, consumer.ReasonPermanent, consumer.ReasonMaxAttempts,
+	consumer.ReasonMismatch, consumer.ReasonGap}
+
+// checkReason refuses a --reason no row can have, which would select
+// nothing without saying why.
+func checkReason(reason string) error {
+	if reason == "" || slices.Contains(parkReasons, reason) {
+		return nil
+	}
+	return fmt.Errorf("--reason: %q is not a reason a message is parked for: use one of %s", reason, strings.Join(parkReasons, ", "))
+}
+
 // filter returns the selection as the parked store's filter.
 func (f *parkedFilter) filter() (consumer.ParkedFilter, error) {
+	if err := checkReason(f.reason); err != nil {
+		return consumer.ParkedFilter{}, err
+	}
 	refs, err := f.refs()
 	if err != nil {
 		return consumer.ParkedFilter{}, err
@@ -225,7 +242,7 @@ in the same form.`,
   effectively parked list --json --limit 0`,
 		Args: cobra.NoArgs,
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
-			if _, err := f.refs(); err != nil {
+			if _, err := f.filter(); err != nil {
 				return err
 			}
 			ps, err := a.queryParked(cmd.Context(), &f)
@@ -393,18 +410,21 @@ list"): purging it purges them all.`,
 			if err != nil {
 				return err
 			}
-			n, err := store.Count(ctx, pf)
+			// The rows counted in the question are the rows deleted: one
+			// parked while the question waits is left alone.
+			ids, err := store.IDs(ctx, pf)
 			if err != nil {
 				return err
 			}
 			out := cmd.OutOrStdout()
-			if n == 0 {
+			if len(ids) == 0 {
 				fmt.Fprintln(out, "no parked message matches")
 				return nil
 			}
-			if err := a.confirm(cmd, fmt.Sprintf("Delete %d parked message(s) for good?", n)); err != nil {
+			if err := a.confirm(cmd, fmt.Sprintf("Delete %d parked message(s) for good?", len(ids))); err != nil {
 				return err
 			}
+			pf.IDs, pf.Limit = ids, 0
 			deleted, err := store.Delete(ctx, pf)
 			if err != nil {
 				return err

@@ -72,8 +72,9 @@ ON CONFLICT (msg_id) DO UPDATE SET amount = EXCLUDED.amount`, m.ID, amount(m))
 		t.Fatalf("second replay: %+v", st)
 	}
 
-	// A group that never ran gets rows at the replayed offsets.
-	e.must(stock, "replay", "--brokers", strings.Join(e.k.Brokers(), ","), "--group", "fresh", "--topic", e.topic, "--to-offset", "0=3,1=4", "--yes")
+	// A group that never ran gets rows at the replayed offsets, when
+	// --new-group says that is meant.
+	e.must(stock, "replay", "--brokers", strings.Join(e.k.Brokers(), ","), "--group", "fresh", "--topic", e.topic, "--to-offset", "0=3,1=4", "--new-group", "--yes")
 	if n := e.count(`SELECT count(*) FROM effectively.kafka_offsets WHERE group_id = 'fresh' AND generation = 0
 AND next_offset = CASE partition WHEN 0 THEN 3 ELSE 4 END`); n != 2 {
 		t.Fatalf("fresh group: %d rows as expected, want 2", n)

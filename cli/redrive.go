@@ -84,22 +84,24 @@ their ref as "parked list" shows it; every row under that ref is redriven.
 			if err := prepare(ctx, pool, s); err != nil {
 				return err
 			}
-			n, err := consumer.NewParkedStore(pool, a.schema, a.parkedTable).Count(ctx, pf)
+			// The rows counted in the question are the rows redriven: one
+			// parked while the question waits is left alone.
+			ids, err := consumer.NewParkedStore(pool, a.schema, a.parkedTable).IDs(ctx, pf)
 			if err != nil {
 				return err
 			}
 			out := cmd.OutOrStdout()
-			if n == 0 {
+			if len(ids) == 0 {
 				fmt.Fprintln(out, "no parked message matches")
 				return nil
 			}
-			if err := a.confirm(cmd, fmt.Sprintf("Redrive %d parked message(s) of scope %q through handler %q?", n, f.scope, handler)); err != nil {
+			if err := a.confirm(cmd, fmt.Sprintf("Redrive %d parked message(s) of scope %q through handler %q?", len(ids), f.scope, handler)); err != nil {
 				return err
 			}
 			res, err := consumer.Redrive(ctx, pool, consumer.Config{
 				Name: f.scope, Strategy: s, Handler: h, BatchHandler: bh, KeyFunc: kf,
 				Schema: a.schema, ParkedTable: a.parkedTable,
-			}, consumer.RedriveFilter{IDs: pf.IDs, Refs: pf.Refs, Reason: pf.Reason, Limit: pf.Limit})
+			}, consumer.RedriveFilter{IDs: ids, Refs: pf.Refs, Reason: pf.Reason})
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tREF\tCOUNT\tREASON\tOUTCOME\tERROR")
 			for _, it := range res.Items {

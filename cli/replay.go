@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -34,7 +35,11 @@ type replayOpts struct {
 	batch       int
 	progress    string
 	lockTimeout time.Duration
-	conn        kafkaConn
+	newGroup    bool
+	// warnings are what the plan found that a dry run reports rather than
+	// refuses.
+	warnings []string
+	conn     kafkaConn
 }
 
 // PartitionPlan is one partition of a replay: where its stored offset is and
@@ -48,10 +53,18 @@ type PartitionPlan struct {
 	// First and End are the partition's first and next-to-be-written offsets.
 	First int64 `json:"first"`
 	End   int64 `json:"end"`
-	// Target is the offset the replay stores; messages [Target, End) are
-	// delivered again.
-	Target   int64 `json:"target"`
+	// Target is the offset the replay stores: the group's consumers read
+	// [Target, End) once it is done.
+	Target int64 `json:"target"`
+	// Messages counts the messages delivered again: [Target, Stored), which
+	// the group consumed before and reads once more. It is 0 for a
+	// partition with no stored offset, where the group consumed nothing
+	// that the replay can move back over.
 	Messages int64 `json:"messages"`
+	// Lag counts the messages after those, [Stored, End) (from Target when
+	// no offset is stored): the group has not consumed them yet, and its
+	// consumers read them after the replay as they would have without it.
+	Lag int64 `json:"lag"`
 	// Clamped is true when the requested offset was before First (removed
 	// by retention) and the replay starts at First instead.
 	Clamped bool `json:"clamped,omitempty"`
@@ -92,6 +105,18 @@ lag monitoring) are left alone; the consumers overwrite them as they go.
 Consumers running with KafkaOffsetsOnly keep no offsets in Postgres: reset
 those with Kafka's own tools instead.
 
+A group with no offsets stored for the topic and no members in Kafka has
+never run here: most likely --group or --topic is misspelt, and the replay
+refuses it (a dry run warns). To start a group that has not run yet at the
+replayed offsets (a second group that recomputes into a new scope, say),
+give --new-group. A group with offsets committed to Kafka but none stored
+in Postgres runs with KafkaOffsetsOnly, and is refused as such.
+
+The plan counts, per partition, the messages delivered again (AGAIN: from
+the replayed offset to the stored one, which the group consumed before) and
+the group's LAG after them (from the stored offset to the end, which the
+consumers read anyway). The dry run reads both, as the consumers will.
+
 ` + keyHelp + "\n\n" + kafkaConnHelp,
 		Example: `  effectively replay --brokers kafka:9092 --group ledger --topic transfers --scope ledger --to-time 2026-11-28T09:00:00Z --dry-run
   effectively replay --brokers kafka:9092 --group ledger --topic transfers --to-time 6h
@@ -120,6 +145,7 @@ those with Kafka's own tools instead.
 	f.IntVar(&o.batch, "batch", 500, "messages claimed per statement (dry-run)")
 	f.StringVar(&o.progress, "progress", "auto", "progress bar on stderr: auto (when it is a terminal), always or never")
 	f.DurationVar(&o.lockTimeout, "lock-timeout", 30*time.Second, "longest wait for a marker locked by a running consumer (dry-run)")
+	f.BoolVar(&o.newGroup, "new-group", false, "allow a group with no offsets stored for the topic and no members: create its offsets at the replayed ones")
 	o.conn = a.kafkaConn()
 	o.conn.addFlags(f)
 	return cmd
@@ -169,11 +195,15 @@ func (a *app) replay(cmd *cobra.Command, o *replayOpts) error {
 			return err
 		}
 		if o.asJSON {
-			return writeJSON(out, rep)
+			err = writeJSON(out, rep)
+		} else {
+			printPlan(out, o, plan)
+			printDryRun(out, rep)
 		}
-		printPlan(out, o, plan)
-		printDryRun(out, rep)
-		return nil
+		for _, w := range rep.Warnings {
+			fmt.Fprintln(cmd.ErrOrStderr(), "warning: "+w)
+		}
+		return err
 	}
 	if o.asJSON {
 		if err := writeJSON(out, plan); err != nil {
@@ -182,17 +212,15 @@ func (a *app) replay(cmd *cobra.Command, o *replayOpts) error {
 	} else {
 		printPlan(out, o, plan)
 	}
-	var total int64
-	for _, p := range plan {
-		total += p.Messages
-	}
-	if err := a.confirm(cmd, fmt.Sprintf("Move the stored offsets of group %q on %s back, so that %d message(s) are delivered again?", o.group, o.topic, total)); err != nil {
+	again, lag := planTotals(plan)
+	if err := a.confirm(cmd, fmt.Sprintf("Move the stored offsets of group %q on %s back, so that %d message(s) are delivered again (and then the %d of its lag)?",
+		o.group, o.topic, again, lag)); err != nil {
 		return err
 	}
 	if err := a.applyReplay(ctx, pool, kc, o, plan); err != nil {
 		return err
 	}
-	fmt.Fprintf(cmd.ErrOrStderr(), "stored offsets moved: start the consumers of group %q to replay %d message(s)\n", o.group, total)
+	fmt.Fprintf(cmd.ErrOrStderr(), "stored offsets moved: start the consumers of group %q; they read %d message(s) again, then the %d of their lag\n", o.group, again, lag)
 	return nil
 }
 
@@ -202,6 +230,21 @@ func (a *app) plan(ctx context.Context, pool *pgxpool.Pool, kc *kafkaClient, o *
 	parts, err := kc.partitions(ctx, o.topic)
 	if err != nil {
 		return nil, err
+	}
+	stored, err := a.storedOffsets(ctx, pool, o.group, o.topic, parts)
+	if err != nil {
+		return nil, err
+	}
+	if len(stored) == 0 && !o.newGroup {
+		unknown, err := a.unknownGroup(ctx, pool, kc, o, parts)
+		switch {
+		case err != nil:
+			return nil, err
+		case unknown != "" && o.dryRun:
+			o.warnings = append(o.warnings, unknown+" (the replay itself refuses it without --new-group)")
+		case unknown != "":
+			return nil, errors.New(unknown + ". Nothing was written")
+		}
 	}
 	if len(o.partitions) > 0 {
 		have := map[int]bool{}
@@ -237,10 +280,6 @@ func (a *app) plan(ctx context.Context, pool *pgxpool.Pool, kc *kafkaClient, o *
 			return nil, err
 		}
 	}
-	stored, err := a.storedOffsets(ctx, pool, o.group, o.topic, parts)
-	if err != nil {
-		return nil, err
-	}
 	plan := make([]PartitionPlan, 0, len(parts))
 	for _, p := range parts {
 		pp := PartitionPlan{Partition: p, First: first[p], End: end[p], Target: targets[p]}
@@ -257,10 +296,63 @@ func (a *app) plan(ctx context.Context, pool *pgxpool.Pool, kc *kafkaClient, o *
 			return nil, fmt.Errorf("%s/%d: the target offset %d is after the stored offset %d: replay only moves offsets back (moving forward would skip messages)",
 				o.topic, p, pp.Target, *pp.Stored)
 		}
-		pp.Messages = pp.End - pp.Target
+		// Where the group is: the stored offset, or nowhere it knows of.
+		pos := pp.Target
+		if pp.Stored != nil {
+			pos = min(max(*pp.Stored, pp.Target), pp.End)
+		}
+		pp.Messages, pp.Lag = pos-pp.Target, max(pp.End-pos, 0)
 		plan = append(plan, pp)
 	}
 	return plan, nil
+}
+
+// planTotals sums the plan's messages delivered again and its lag.
+func planTotals(plan []PartitionPlan) (again, lag int64) {
+	for _, p := range plan {
+		again += p.Messages
+		lag += p.Lag
+	}
+	return again, lag
+}
+
+// unknownGroup says why a group that has no offsets stored for the topic
+// (the caller checked) is refused when it has no members in Kafka either:
+// it never ran here, and a replay would create offsets for a name that is
+// most likely misspelt, or it runs with KafkaOffsetsOnly, which keeps its
+// positions in Kafka only. It returns "" for a group with members.
+func (a *app) unknownGroup(ctx context.Context, pool *pgxpool.Pool, kc *kafkaClient, o *replayOpts, parts []int) (string, error) {
+	_, members, err := kc.groupMembers(ctx, o.group)
+	if err != nil || members > 0 {
+		return "", err
+	}
+	committed, err := kc.committed(ctx, o.group, o.topic, parts)
+	if err != nil {
+		return "", err
+	}
+	if committed > 0 {
+		return fmt.Sprintf("group %q has offsets committed to Kafka for topic %s but none stored in %s: its consumers run with KafkaOffsetsOnly, "+
+			"whose positions replay does not move; reset those with Kafka's own tools (kafka-consumer-groups --reset-offsets) while the group is stopped. "+
+			"If its offsets in Postgres were lost instead (a restore), give --new-group to store the replayed ones",
+			o.group, o.topic, a.offsets().Table()), nil
+	}
+	rows, err := a.offsets().List(ctx, pool, "")
+	if err != nil {
+		return "", err
+	}
+	var groups []string
+	for _, r := range rows {
+		if r.Topic == o.topic && !slices.Contains(groups, r.Group) {
+			groups = append(groups, r.Group)
+		}
+	}
+	known := fmt.Sprintf("no group has offsets stored for %s", o.topic)
+	if len(groups) > 0 {
+		known = fmt.Sprintf("groups with offsets stored for %s: %s", o.topic, strings.Join(groups, ", "))
+	}
+	return fmt.Sprintf("group %q has no offsets stored for topic %s in %s and no members in Kafka: it has never run here (%s). "+
+		"Check --group and --topic; to create the offsets of a group that has not run yet, so that it starts at the replayed offsets, give --new-group",
+		o.group, o.topic, a.offsets().Table(), known), nil
 }
 
 // storedOffsets reads the group's rows for parts.
@@ -382,13 +474,15 @@ func parseOffsets(specs []string, parts []int) (map[int]int64, error) {
 func printPlan(w io.Writer, o *replayOpts, plan []PartitionPlan) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "group %s, topic %s\n", o.group, o.topic)
-	fmt.Fprintln(tw, "PARTITION\tSTORED NEXT OFFSET\tGENERATION\tFIRST\tEND\tREPLAY FROM\tMESSAGES")
+	fmt.Fprintln(tw, "PARTITION\tSTORED NEXT OFFSET\tGENERATION\tFIRST\tEND\tREPLAY FROM\tAGAIN\tLAG")
 	for _, p := range plan {
 		note := ""
 		if p.Clamped {
 			note = " (earlier messages are gone: retention)"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%d%s\t%d\n", p.Partition, fmtInt(p.Stored), p.Generation, p.First, p.End, p.Target, note, p.Messages)
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%d%s\t%d\t%d\n", p.Partition, fmtInt(p.Stored), p.Generation, p.First, p.End, p.Target, note, p.Messages, p.Lag)
 	}
 	_ = tw.Flush()
+	again, lag := planTotals(plan)
+	fmt.Fprintf(w, "%d message(s) delivered again (from REPLAY FROM to the stored offset), then the group's lag of %d\n", again, lag)
 }

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"bufio"
-	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -70,6 +69,7 @@ type app struct {
 	opts Options
 
 	dbURL        string
+	dbURLFile    string
 	schema       string
 	parkedTable  string
 	strategyName string
@@ -80,6 +80,8 @@ type app struct {
 	yes          bool
 
 	pool *pgxpool.Pool
+	// errOut is the running command's stderr.
+	errOut io.Writer
 }
 
 // NewRoot returns the command tree. Execute it with ExecuteContext; a team
@@ -103,7 +105,9 @@ and sweeps expired markers.
 Every command that writes asks for confirmation unless --yes is given, and
 refuses to run without --yes when its input is not a terminal. Every command
 is safe while consumers run, except where its help says otherwise
-(replay requires the group's consumers to be stopped and checks it).`,
+(replay requires the group's consumers to be stopped and checks it).
+
+` + databaseHelp,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -111,7 +115,8 @@ is safe while consumers run, except where its help says otherwise
 		root.Version = opts.Version
 	}
 	f := root.PersistentFlags()
-	f.StringVar(&a.dbURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL)")
+	f.StringVar(&a.dbURL, "database-url", "", "PostgreSQL URL (default $"+envDatabaseURL+", then $DATABASE_URL; with a password, prefer those or --database-url-file)")
+	f.StringVar(&a.dbURLFile, "database-url-file", "", "file holding the PostgreSQL URL (a trailing newline is removed)")
 	f.StringVar(&a.schema, "schema", dedupe.DefaultSchema, "schema of the library's tables")
 	f.StringVar(&a.parkedTable, "parked-table", "parked", "name of the parked-messages table")
 	f.StringVar(&a.strategyName, "strategy", "idset", "dedupe strategy: "+strings.Join(a.strategyNames(), ", "))
@@ -125,41 +130,18 @@ is safe while consumers run, except where its help says otherwise
 	return root
 }
 
-// db connects on first use.
-func (a *app) db(ctx context.Context) (*pgxpool.Pool, error) {
-	if a.pool != nil {
-		return a.pool, nil
-	}
-	url := a.dbURL
-	if url == "" {
-		url = os.Getenv("DATABASE_URL")
-	}
-	if url == "" {
-		return nil, errors.New("no database: set --database-url or DATABASE_URL")
-	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		return nil, fmt.Errorf("database: %w", err)
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("database: %w", err)
-	}
-	a.pool = pool
-	return pool, nil
-}
-
 // runE wraps a command's work so that its database connections are closed
 // when it returns.
 func (a *app) runE(fn func(cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
+		a.errOut = cmd.ErrOrStderr()
 		defer func() {
 			if a.pool != nil {
 				a.pool.Close()
 				a.pool = nil
 			}
 		}()
-		return fn(cmd, args)
+		return a.explain(fn(cmd, args))
 	}
 }
 

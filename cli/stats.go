@@ -92,7 +92,7 @@ a while, but it only reads.
 			if err != nil {
 				return err
 			}
-			rep, err := a.stats(ctx, pool, scope, group)
+			rep, err := a.stats(ctx, pool, scope, group, cmd.Flag("schema").Changed, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -120,10 +120,24 @@ a while, but it only reads.
 	return cmd
 }
 
-func (a *app) stats(ctx context.Context, pool *pgxpool.Pool, scope, group string) (*StatsReport, error) {
+// stats reads the report. A schema named by --schema that does not exist
+// is an error (most likely a misspelt name); the default schema missing is
+// a database not migrated yet, reported with every table missing.
+func (a *app) stats(ctx context.Context, pool *pgxpool.Pool, scope, group string, schemaGiven bool, stderr io.Writer) (*StatsReport, error) {
 	s, err := a.strategy()
 	if err != nil {
 		return nil, err
+	}
+	var schemaExists bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, a.schema).Scan(&schemaExists); err != nil {
+		return nil, err
+	}
+	switch {
+	case !schemaExists && !schemaGiven:
+		fmt.Fprintf(stderr, "schema %s does not exist yet: run %q to create the library's tables\n", showRef(a.schema), a.opts.Name+" migrate")
+	case !schemaExists:
+		return nil, fmt.Errorf("schema %s does not exist in this database: give the --schema the consumers use (Config.Schema; default %q), or run %q to create the library's tables",
+			showRef(a.schema), dedupe.DefaultSchema, a.opts.Name+" migrate")
 	}
 	rep := &StatsReport{Strategy: s.Name(), Scopes: []ScopeStats{}, KafkaOffsets: []OffsetStats{}}
 	scopes := map[string]*ScopeStats{}
