@@ -122,3 +122,45 @@ func checkNothingLost(t *testing.T, k *kafkatest.Cluster, topic string, sink Sin
 		t.Fatal("big-2 was published ahead of big-1, which is parked")
 	}
 }
+
+// TestKafkaSinkTopicLimitBelowBatchBytes: a topic whose max.message.bytes
+// (4 KiB) is far below the Writer's BatchBytes (kafka-go's 1 MiB) refuses
+// the sink's first requests as too large; the sink cuts them until they
+// pass, so every message is published, none parked, in order.
+func TestKafkaSinkTopicLimitBelowBatchBytes(t *testing.T) {
+	k := kafkatest.New(t)
+	topic := kafkatest.Name("limit")
+	createTopic(t, k, topic, 1, map[string]string{"max.message.bytes": "4096"})
+	db, o := setup(t, Config{})
+	want := map[string]bool{}
+	var msgs []Message
+	for i := range 300 {
+		id := fmt.Sprintf("a-%d", i)
+		want[id] = true
+		msgs = append(msgs, Message{Sink: "k", Key: []byte("a"), Value: make([]byte, 100), ID: id})
+	}
+	emit(t, db, o, msgs...)
+	w := k.Writer(topic)
+	w.Balancer, w.BatchBytes, w.BatchSize = &kafkago.Hash{}, 0, 1000
+	sink, err := NewKafkaSink(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"k": sink}})
+	waitRows(t, db, 2*time.Minute, len(msgs), `SELECT count(*) FROM effectively.outbox WHERE published_at IS NOT NULL`)
+	next := 0
+	seen := map[string]bool{}
+	for _, r := range readForeign(t, k, topic, want, time.Minute) {
+		if seen[r.id] {
+			continue
+		}
+		seen[r.id] = true
+		if due := fmt.Sprintf("a-%d", next); r.id != due {
+			t.Fatalf("read %s where %s was due", r.id, due)
+		}
+		next++
+	}
+	if got := sink.maxBytes.Load(); got > 4096 {
+		t.Fatalf("the sink still sends requests of up to %d bytes", got)
+	}
+}
