@@ -258,12 +258,19 @@ func recordSize(m *kafkago.Message) int64 {
 // requests of at most maxMsgs messages and maxBytes bytes, one at a time.
 // Once a request fails, the later messages of its keys are not sent.
 func (s *KafkaSink) sendPartition(ctx context.Context, p int, out []outMsg, idx []int, errs []error) {
-	stopped := map[string]bool{}
+	failedAt := map[string]int{} // per key, the index of its first failed message
 	stop := func(i int, err error) {
 		errs[i] = err
 		if k := out[i].km.Key; k != nil {
-			stopped[string(k)] = true
+			if j, ok := failedAt[string(k)]; !ok || i < j {
+				failedAt[string(k)] = i
+			}
 		}
+	}
+	behind := func(i int) bool {
+		k := out[i].km.Key
+		j, ok := failedAt[string(k)]
+		return k != nil && ok && i > j
 	}
 	for len(idx) > 0 {
 		if err := ctx.Err(); err != nil {
@@ -278,7 +285,7 @@ func (s *KafkaSink) sendPartition(ctx context.Context, p int, out []outMsg, idx 
 		j := 0
 		for ; j < len(idx); j++ {
 			i := idx[j]
-			if k := out[i].km.Key; k != nil && stopped[string(k)] {
+			if behind(i) {
 				errs[i] = errBehind
 				continue
 			}

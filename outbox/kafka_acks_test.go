@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -162,5 +163,38 @@ func TestKafkaSinkTopicLimitBelowBatchBytes(t *testing.T) {
 	}
 	if got := sink.maxBytes.Load(); got > 4096 {
 		t.Fatalf("the sink still sends requests of up to %d bytes", got)
+	}
+}
+
+// TestKafkaSinkRefusedMessageHoldsOnlyWhatFollows: a message over
+// BatchBytes, refused without being sent, fails the later messages of its
+// key and not the earlier ones, even when the request those went in is
+// refused as too large by the topic and cut and sent again.
+func TestKafkaSinkRefusedMessageHoldsOnlyWhatFollows(t *testing.T) {
+	k := kafkatest.New(t)
+	topic := kafkatest.Name("follows")
+	createTopic(t, k, topic, 1, map[string]string{"max.message.bytes": "4096"})
+	w := k.Writer(topic)
+	w.Balancer, w.BatchBytes = &kafkago.Hash{}, 5000
+	sink, err := NewKafkaSink(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []Message
+	for i := range 10 {
+		msgs = append(msgs, Message{Key: []byte("a"), Value: make([]byte, 100), ID: fmt.Sprintf("a-%d", i)})
+	}
+	msgs = append(msgs, Message{Key: []byte("a"), Value: make([]byte, 6000), ID: "a-big"},
+		Message{Key: []byte("a"), Value: make([]byte, 100), ID: "a-after"})
+	for i := range 26 {
+		msgs = append(msgs, Message{Key: []byte("b"), Value: make([]byte, 100), ID: fmt.Sprintf("b-%d", i)})
+	}
+	err = sink.Publish(context.Background(), msgs)
+	var pe PublishErrors
+	if !errors.As(err, &pe) || len(pe) != 2 || !IsPermanent(pe[10]) || pe[11] == nil || IsPermanent(pe[11]) {
+		t.Fatalf("Publish: %v; want a-big refused for good and a-after held behind it, nothing else", err)
+	}
+	if got := sink.maxBytes.Load(); got >= 5000 {
+		t.Fatalf("no request was refused as too large (the sink still sends up to %d bytes)", got)
 	}
 }
