@@ -19,8 +19,9 @@ import (
 // enough that one pass of a key spans many produce requests (the Writer's
 // BatchBytes is 64 KiB), two relays, and a broker that, for a while,
 // refuses some produce requests (with an error kafka-go does not retry, and
-// twice in a row with one it does, past the Writer's two attempts) and
-// answers others as timed out after appending them. A foreign
+// twice in a row with one it does, past the Writer's two attempts),
+// answers others as timed out after appending them, and holds others past
+// the client's WriteTimeout before appending them. A foreign
 // read-committed reader (franz-go) must find every message, and each key's
 // first occurrences in the order they were committed.
 func TestKafkaSinkKeyOrderUnderFailures(t *testing.T) {
@@ -59,11 +60,20 @@ func TestKafkaSinkKeyOrderUnderFailures(t *testing.T) {
 	// kafka-go), 4 and 5 with NOT_LEADER_FOR_PARTITION (retried, so both
 	// attempts of a request fail), 7 with REQUEST_TIMED_OUT (appended all
 	// the same, then retried: a duplicate).
-	var seq, cur atomic.Int64
+	// Every 16th (from the 12th, up to the 200th) the broker holds for
+	// longer than the Writer's WriteTimeout before appending it: the
+	// client gives up on a request that lands later all the same.
+	var seq, cur, slept atomic.Int64
 	fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		for _, tp := range req.(*kmsg.ProduceRequest).Topics {
 			if tp.Topic == topic {
-				cur.Store(seq.Add(1))
+				n := seq.Add(1)
+				cur.Store(n)
+				if n <= 200 && n%16 == 12 {
+					slept.Add(1)
+					fake.SleepControl(func() { time.Sleep(400 * time.Millisecond) })
+					cur.Store(n)
+				}
 				return nil, nil, false
 			}
 		}
@@ -94,6 +104,7 @@ func TestKafkaSinkKeyOrderUnderFailures(t *testing.T) {
 		w.BatchBytes = 64 << 10
 		w.MaxAttempts = 2
 		w.WriteBackoffMin, w.WriteBackoffMax = time.Millisecond, 5*time.Millisecond
+		w.WriteTimeout = 200 * time.Millisecond
 		t.Cleanup(func() { _ = w.Close() })
 		sink, err := NewKafkaSink(w)
 		if err != nil {
@@ -105,7 +116,7 @@ func TestKafkaSinkKeyOrderUnderFailures(t *testing.T) {
 	if faults.Hits() == 0 {
 		t.Fatal("no produce request was failed")
 	}
-	t.Logf("%d produce requests, %d failed", seq.Load(), faults.Hits())
+	t.Logf("%d produce requests, %d failed, %d held past the client's timeout", seq.Load(), faults.Hits(), slept.Load())
 
 	recs := readForeign(t, k, topic, want, time.Minute)
 	next := map[string]int{}
