@@ -84,16 +84,20 @@
 // # Publishing
 //
 // A Sink publishes one destination's messages and says, per message, what
-// failed (PublishErrors) and whether for good (Permanent). KafkaSink
-// writes with a kafka-go Writer (Kafka key = message key). SQSSink sends
-// with SendMessageBatch (the ID as the idempotency-key attribute; on a FIFO
+// failed (PublishErrors) and whether for good (Permanent). A sink reports
+// a message published only once the destination acknowledged it, and
+// sends nothing of a key after a failed message of it. KafkaSink sends its
+// own produce requests with a kafka-go Writer's settings (Kafka key =
+// message key), one request per partition in flight, and refuses a Writer
+// under which the broker would not acknowledge. SQSSink sends with
+// SendMessageBatch (the ID as the idempotency-key attribute; on a FIFO
 // queue MessageGroupId = key and MessageDeduplicationId = the ID, or its
-// hash when it does not fit). The relay
-// marks a row published only after its sink said so: a crash at any point
-// before the mark republishes it, with the same ID. Once a key's message
-// fails, the key's later messages of the batch are not marked, even if
-// the sink wrote them (a duplicate, never a reordering of what is
-// marked). A transient failure is retried with a doubling backoff, with
+// hash when it does not fit, one message of a group per request). The
+// relay marks a row published only after its sink said so: a crash at any
+// point before the mark republishes it, with the same ID. Once a key's
+// message fails, the key's later messages of the batch are not marked
+// (a sink of its own that wrote them anyway causes a duplicate, never a
+// reordering of what is marked). A transient failure is retried with a doubling backoff, with
 // no limit (the row's attempts and last_error columns say why a key is
 // waiting); a refusal for good is retried alone (brokers refuse whole batches for one
 // message) and then parked with the reason, in the outbox table itself,

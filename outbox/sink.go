@@ -18,8 +18,11 @@ import (
 // been. A failure is transient (retried with backoff) unless its error is
 // wrapped with Permanent, in which case the message is parked.
 //
-// A Sink must send Message.ID along (Kafka: the IDHeader header) and keep
-// the order of one key's messages within a call.
+// A Sink must send Message.ID along (Kafka: the IDHeader header), report a
+// message published only once the destination acknowledged it, and keep
+// the order of one key's messages within a call: once a message of a key
+// failed, it must not send the key's later messages of the call (report
+// them failed), or they would reach the destination ahead of it.
 type Sink interface {
 	Publish(ctx context.Context, msgs []Message) error
 }

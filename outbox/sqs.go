@@ -65,10 +65,13 @@ const (
 // reason. SQS's per-message refusals of a batch are reported per message:
 // for good when SQS says the sender is at fault, for a retry otherwise.
 // Once a message of a key fails, the key's later messages of the same
-// Publish are not sent (they fail with it), so the key's order holds;
-// within one SendMessageBatch SQS answers per entry, and should it refuse
-// an entry and accept a later one of the same group, that one arrives
-// first (the relay sends the refused one again, after it).
+// Publish are not sent (they fail with it), so the key's order holds. SQS
+// answers a SendMessageBatch per entry, and may refuse one entry and take
+// a later one of the same message group; so on a FIFO queue a batch
+// carries at most one message of each group, and a group's next message
+// goes in a later batch, sent once SQS has taken the one before. Batches
+// are filled from different groups, so this costs requests only when few
+// groups have messages waiting (one hot group: one message per request).
 //
 // A FIFO queue drops a MessageDeduplicationId it has seen in the last five
 // minutes, so most of the relay's republishes never reach the next stage;
@@ -98,57 +101,24 @@ func NewSQSSink(c *awssqs.Client, queueURL string) (*SQSSink, error) {
 // Publish sends msgs and reports, per message, what failed.
 func (s *SQSSink) Publish(ctx context.Context, msgs []Message) error {
 	errs := PublishErrors{}
-	held := map[string]bool{} // keys with a failed message
+	failedAt := map[string]int{} // per key, the index of its first failed message
 	fail := func(i int, err error) {
 		errs[i] = err
 		if msgs[i].Key != nil {
-			held[string(msgs[i].Key)] = true
+			if j, ok := failedAt[string(msgs[i].Key)]; !ok || i < j {
+				failedAt[string(msgs[i].Key)] = i
+			}
 		}
 	}
-	var batch []types.SendMessageBatchRequestEntry
-	var idx []int
-	size := 0
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		out, err := s.c.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{QueueUrl: aws.String(s.url), Entries: batch})
-		if err != nil {
-			return classifySQS(err)
-		}
-		// Only what SQS lists as successful counts as sent.
-		done := make([]error, len(idx))
-		for n := range done {
-			done[n] = errors.New("outbox: SQS said nothing of the message")
-		}
-		for _, ok := range out.Successful {
-			if n, perr := strconv.Atoi(aws.ToString(ok.Id)); perr == nil && n >= 0 && n < len(idx) {
-				done[n] = nil
-			}
-		}
-		for _, f := range out.Failed {
-			n, perr := strconv.Atoi(aws.ToString(f.Id))
-			if perr != nil || n < 0 || n >= len(idx) {
-				continue
-			}
-			e := fmt.Errorf("outbox: SQS refused the message: %s: %s", aws.ToString(f.Code), aws.ToString(f.Message))
-			if f.SenderFault && !transientSQSCode(aws.ToString(f.Code)) {
-				e = Permanent(e)
-			}
-			done[n] = e
-		}
-		for n, e := range done {
-			if e != nil {
-				fail(idx[n], e)
-			}
-		}
-		batch, idx, size = batch[:0], idx[:0], 0
-		return nil
+	behind := func(i int) bool {
+		j, ok := failedAt[string(msgs[i].Key)]
+		return msgs[i].Key != nil && ok && i > j
 	}
+	var pending []sqsPending
 	for i := range msgs {
 		m := &msgs[i]
-		if m.Key != nil && held[string(m.Key)] {
-			errs[i] = errors.New("outbox: behind a failure of its key")
+		if behind(i) {
+			errs[i] = errBehind
 			continue
 		}
 		e, n, err := s.entry(m)
@@ -156,31 +126,100 @@ func (s *SQSSink) Publish(ctx context.Context, msgs []Message) error {
 			fail(i, Permanent(fmt.Errorf("outbox: SQS cannot carry message %s: %w", m.ID, err)))
 			continue
 		}
-		if len(batch) == sqsMaxBatch || size+n > SQSMaxSize {
-			if err := flush(); err != nil {
-				for _, j := range idx {
-					fail(j, err)
-				}
-				for j := i; j < len(msgs); j++ {
-					errs[j] = err
-				}
-				return errs
-			}
-		}
-		e.Id = aws.String(strconv.Itoa(len(batch)))
-		batch = append(batch, e)
-		idx = append(idx, i)
-		size += n
+		pending = append(pending, sqsPending{i: i, e: e, size: n})
 	}
-	if err := flush(); err != nil {
-		for _, j := range idx {
-			fail(j, err)
+	for len(pending) > 0 {
+		var batch []types.SendMessageBatchRequestEntry
+		var idx []int
+		var rest []sqsPending
+		size := 0
+		inBatch := map[string]bool{}  // FIFO groups with an entry in the batch
+		deferred := map[string]bool{} // keys with a message left for a later batch
+		for _, p := range pending {
+			key := msgs[p.i].Key
+			k := string(key)
+			switch {
+			case behind(p.i):
+				errs[p.i] = errBehind
+				continue
+			case len(batch) == sqsMaxBatch || size+p.size > SQSMaxSize,
+				key != nil && deferred[k],
+				s.fifo && inBatch[k]:
+				rest = append(rest, p)
+				if key != nil {
+					deferred[k] = true
+				}
+				continue
+			}
+			p.e.Id = aws.String(strconv.Itoa(len(batch)))
+			batch = append(batch, p.e)
+			idx = append(idx, p.i)
+			size += p.size
+			inBatch[k] = true
+		}
+		pending = rest
+		if len(batch) == 0 {
+			break
+		}
+		done, err := s.send(ctx, batch)
+		if err != nil {
+			for _, i := range idx {
+				fail(i, err)
+			}
+			for _, p := range pending {
+				errs[p.i] = err
+			}
+			return errs
+		}
+		for n, e := range done {
+			if e != nil {
+				fail(idx[n], e)
+			}
 		}
 	}
 	if len(errs) == 0 {
 		return nil
 	}
 	return errs
+}
+
+// sqsPending is a message's entry waiting for a batch.
+type sqsPending struct {
+	i    int
+	e    types.SendMessageBatchRequestEntry
+	size int
+}
+
+// send sends one SendMessageBatch and returns, per entry, nil when SQS
+// listed it as successful and the error otherwise; or an error for the
+// whole request.
+func (s *SQSSink) send(ctx context.Context, batch []types.SendMessageBatchRequestEntry) ([]error, error) {
+	out, err := s.c.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{QueueUrl: aws.String(s.url), Entries: batch})
+	if err != nil {
+		return nil, classifySQS(err)
+	}
+	// Only what SQS lists as successful counts as sent.
+	done := make([]error, len(batch))
+	for n := range done {
+		done[n] = errors.New("outbox: SQS said nothing of the message")
+	}
+	for _, ok := range out.Successful {
+		if n, perr := strconv.Atoi(aws.ToString(ok.Id)); perr == nil && n >= 0 && n < len(done) {
+			done[n] = nil
+		}
+	}
+	for _, f := range out.Failed {
+		n, perr := strconv.Atoi(aws.ToString(f.Id))
+		if perr != nil || n < 0 || n >= len(done) {
+			continue
+		}
+		e := fmt.Errorf("outbox: SQS refused the message: %s: %s", aws.ToString(f.Code), aws.ToString(f.Message))
+		if f.SenderFault && !transientSQSCode(aws.ToString(f.Code)) {
+			e = Permanent(e)
+		}
+		done[n] = e
+	}
+	return done, nil
 }
 
 // entry builds m's batch entry and returns its size as SQS counts it.

@@ -222,10 +222,13 @@ SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bigint[])`, runName, ids, a
 			return ob.Emit(ctx, tx, out...)
 		}}
 
-	// The relay, publishing to outTopic with a key-preserving balancer.
+	// The relay, publishing to outTopic. The sink takes its settings from
+	// a kafka-go Writer and sends its own requests: it needs a balancer
+	// that keeps a key on one partition and the broker's acknowledgement
+	// (RequiredAcks left zero is RequireNone, which it refuses); BatchSize
+	// is the most messages in one request.
 	w := &kafkago.Writer{Addr: kafkago.TCP(cluster.Brokers()...), Topic: outTopic, Balancer: &kafkago.Hash{},
-		BatchTimeout: kafkatest.BatchTimeout, BatchSize: 1000, RequiredAcks: kafkago.RequireAll}
-	defer w.Close()
+		BatchSize: 1000, RequiredAcks: kafkago.RequireAll}
 	sink, err := outbox.NewKafkaSink(w)
 	if err != nil {
 		return err
