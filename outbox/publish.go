@@ -173,6 +173,12 @@ func (r *Relay) mark(ctx context.Context) (err error) {
 	defer cancel()
 	n, err := r.settle(sctx, b.outs, b.parts, b.gens)
 	if err != nil {
+		// The broker acknowledged what was published; only the record of
+		// it failed, or its COMMIT lost its reply and may have landed.
+		// Either way nothing is lost: rows not marked are published again
+		// with the same IDs, which the next stage drops as duplicates.
+		r.log.Warn("outbox: marking a pass's outcomes failed (or its commit's reply was lost): the rows it published were acknowledged by the broker, and those not marked will be published again with the same IDs, which the next stage drops as duplicates",
+			"owner", r.owner, "rows", len(b.outs), "err", err)
 		return err
 	}
 	if b.st != nil {
