@@ -37,8 +37,18 @@ type Config struct {
 	// Verifier, or Unverified() to accept requests without checking them.
 	Verifier Verifier
 	// ID derives the event ID, the dedupe ID of the message, from a
-	// verified request: JSONField("id") for Stripe, Header("X-GitHub-Delivery")
-	// for GitHub. Required.
+	// verified request: JSONField("id") for Stripe. Defaults to the
+	// Verifier's SignedID when it is a SignedIDVerifier (GitHubVerifier: a
+	// hash of the body; StandardVerifier: the webhook-id header), and is
+	// required otherwise.
+	//
+	// With a SignedIDVerifier, ID sees only what the signature covers: the
+	// body and the verifier's SignedHeaders, without the query string or
+	// any other header. An ID that cannot be read from those (such as
+	// Header("X-GitHub-Delivery"), which GitHub does not sign, so that a
+	// captured delivery sent again with a new one would be a new event) is
+	// replaced by the SignedID, and New's source logs a warning the first
+	// time it is.
 	ID IDFunc
 
 	// Lane names a request's lane. Defaults to a hash of the event ID over
@@ -115,8 +125,8 @@ func (c Config) validate() error {
 	switch {
 	case c.Verifier == nil:
 		return bad("Verifier", "is required: a verifier of the provider's signatures (StripeVerifier, GitHubVerifier), or webhook.Unverified() to accept unsigned requests")
-	case c.ID == nil:
-		return bad("ID", `is required: how to find the event ID, such as webhook.JSONField("id") or webhook.Header("X-GitHub-Delivery")`)
+	case c.ID == nil && !isSigned(c.Verifier):
+		return bad("ID", `is required unless the Verifier is a SignedIDVerifier: how to find the event ID, such as webhook.JSONField("id")`)
 	case c.Lanes < 1:
 		return bad("Lanes", "must be at least 1 (0 for the default), got %d", c.Lanes)
 	case c.MaxBodyBytes < 1:
@@ -134,4 +144,9 @@ func (c Config) validate() error {
 		}
 	}
 	return nil
+}
+
+func isSigned(v Verifier) bool {
+	_, ok := v.(SignedIDVerifier)
+	return ok
 }

@@ -17,7 +17,9 @@
 // Config.Verifier check it; a request that fails is answered 401 (400 for a
 // malformed signature header), logged, passed to Config.Observe and
 // forgotten: nothing of it is applied, queued or parked. The event ID comes
-// from Config.ID; a verified request whose ID cannot be derived is handed
+// from Config.ID, or, with a SignedIDVerifier (GitHubVerifier,
+// StandardVerifier), from what the signature covers, so that a captured
+// delivery sent again with other headers is a duplicate; a verified request whose ID cannot be derived is handed
 // on with an empty Message.ID, which the consumer's default KeyFunc cannot
 // key, so the consumer parks it with reason invalid_key and the request is
 // answered 200: the event is kept whole for a person to look at, and the

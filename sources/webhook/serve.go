@@ -138,10 +138,7 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	id, err := s.cfg.ID(r, body)
-	if err == nil && id == "" {
-		err = errors.New("webhook: the event ID is empty")
-	}
+	id, err := s.eventID(r, body)
 	if err != nil {
 		// Handed on without an ID: the consumer's default KeyFunc finds no
 		// key and parks it (invalid_key), so nothing is lost and the

@@ -38,6 +38,9 @@ type Source struct {
 	seq      atomic.Uint64
 	rr       atomic.Uint64 // spreads requests without an ID over the default lanes
 	headers  []string      // canonical names of Config.Headers
+	signed   SignedIDVerifier // Config.Verifier, when it is one
+	signedH  []string         // its SignedHeaders, canonical
+	idWarned atomic.Bool      // the warning that Config.ID was replaced was logged
 
 	mu       sync.Mutex
 	closed   bool
@@ -105,6 +108,12 @@ func New(cfg Config) (*Source, error) {
 	}
 	for _, h := range cfg.Headers {
 		s.headers = append(s.headers, http.CanonicalHeaderKey(h))
+	}
+	if sv, ok := cfg.Verifier.(SignedIDVerifier); ok {
+		s.signed = sv
+		for _, h := range sv.SignedHeaders() {
+			s.signedH = append(s.signedH, http.CanonicalHeaderKey(h))
+		}
 	}
 	if _, ok := cfg.Verifier.(unverified); ok {
 		s.log.Warn("webhook: requests are not verified (webhook.Unverified): anyone who can reach the endpoint can deliver events")
