@@ -36,8 +36,8 @@ type Source struct {
 	tries    *attempts
 	instance string // tells this Source's Refs from another's
 	seq      atomic.Uint64
-	rr       atomic.Uint64 // spreads requests without an ID over the default lanes
-	headers  []string      // canonical names of Config.Headers
+	rr       atomic.Uint64    // spreads requests without an ID over the default lanes
+	headers  []string         // canonical names of Config.Headers
 	signed   SignedIDVerifier // Config.Verifier, when it is one
 	signedH  []string         // its SignedHeaders, canonical
 	idWarned atomic.Bool      // the warning that Config.ID was replaced was logged
