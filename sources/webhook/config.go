@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
 )
@@ -62,9 +63,24 @@ type Config struct {
 	Lanes int
 
 	// Headers lists the request headers copied to Message.Headers (and so
-	// kept with a parked message), by their canonical names. Defaults to
-	// every header but Authorization, Proxy-Authorization and Cookie.
+	// kept with a parked message), in this order. Defaults to
+	// DefaultHeaders(): Content-Type, Content-Encoding, User-Agent and the
+	// event, delivery and signature headers of Stripe, GitHub and Standard
+	// Webhooks, so that a credential a request carries (an API key, a
+	// session token, a proxy's Authorization) never reaches the parked
+	// table. Headers that carry credentials (Authorization, Cookie,
+	// X-Api-Key, X-Amz-Security-Token …) cannot be listed. An empty,
+	// non-nil list keeps none.
 	Headers []string
+	// Redact, when set, is called with every verified request's message
+	// before it is handed to the consumer: what it removes or masks in
+	// m.Value and m.Headers is what the handler sees and what a parked
+	// row keeps. It runs after the signature was checked and the event ID
+	// derived, so it cannot change either; it should be deterministic, for
+	// the payload fingerprint of a redelivery to match. A panic answers
+	// the request 500 and keeps nothing of it. Defaults to nil: the
+	// message as received.
+	Redact func(m *consumer.Message)
 	// MaxBodyBytes is the largest request body accepted; a larger one is
 	// answered 413 and never handed to the consumer. Defaults to 1 MiB
 	// (DefaultMaxBodyBytes). GitHub sends payloads of up to 25 MB.
@@ -138,10 +154,8 @@ func (c Config) validate() error {
 	case c.RedeliveryHorizon < 0:
 		return bad("RedeliveryHorizon", "must not be negative, got %s", c.RedeliveryHorizon)
 	}
-	for _, h := range c.Headers {
-		if h == "" {
-			return bad("Headers", "holds an empty header name")
-		}
+	if err := checkHeaders(c.Headers); err != nil {
+		return bad("Headers", "%v", err)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -106,8 +107,13 @@ func New(cfg Config) (*Source, error) {
 			s.laneName[i] = SourceName + "/" + strconv.Itoa(i)
 		}
 	}
+	if cfg.Headers == nil {
+		cfg.Headers = defaultHeaders
+	}
 	for _, h := range cfg.Headers {
-		s.headers = append(s.headers, http.CanonicalHeaderKey(h))
+		if h := http.CanonicalHeaderKey(h); !slices.Contains(s.headers, h) {
+			s.headers = append(s.headers, h)
+		}
 	}
 	if sv, ok := cfg.Verifier.(SignedIDVerifier); ok {
 		s.signed = sv
