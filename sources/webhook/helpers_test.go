@@ -266,3 +266,5 @@ func expectStatus(t *testing.T, what string, r reply, want int) {
 		t.Fatalf("%s: answered %d %q, want %d", what, r.status, r.body, want)
 	}
 }
+
+func bytesReader(b []byte) *strings.Reader { return strings.NewReader(string(b)) }

@@ -138,12 +138,21 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Handed on without an ID: the consumer's default KeyFunc finds no
 		// key and parks it (invalid_key), so nothing is lost and the
 		// provider stops.
-		s.log.Warn("webhook: no event ID; handed to the consumer without one", "remote", r.RemoteAddr, "path", r.URL.Path, "err", err)
+		s.log.Warn("webhook: no event ID; handed to the consumer without one, to be parked as invalid_key under a hash of its body", "remote", r.RemoteAddr, "path", r.URL.Path, "err", err)
 		id = ""
 	}
 	d.ID = id
 	lane := s.laneOf(r, body, id)
-	kept := &consumer.Message{Value: body, Headers: s.copyHeaders(r.Header), Time: start, Source: SourceName, Lane: lane, ID: id}
+	kept := &consumer.Message{Value: body, Time: start, Source: SourceName, Lane: lane, ID: id}
+	if id != "" {
+		kept.Headers = s.copyHeaders(r.Header)
+	} else {
+		// Parked as invalid_key. The same body signed is the same message,
+		// however often it comes and whatever unsigned headers it brings:
+		// named by the body, without headers, it is folded into one parked
+		// row, so that a captured delivery cannot fill the parked table.
+		kept.Ref = BodyID(body)
+	}
 	if err := s.redact(kept); err != nil {
 		s.log.Error("webhook: Config.Redact panicked; the request is answered 500 and nothing of it is kept", "remote", r.RemoteAddr, "path", r.URL.Path, "err", err)
 		done(http.StatusInternalServerError, ResultFailed, 0, err)
@@ -208,7 +217,9 @@ func (s *Source) enqueue(r *http.Request, m *consumer.Message) (*delivery, int, 
 		attempt = s.tries.next(id)
 	}
 	dl := &delivery{id: id, answer: make(chan answer, 1)}
-	m.Ref = s.instance + "-" + strconv.FormatUint(s.seq.Add(1), 10)
+	if m.Ref == "" {
+		m.Ref = s.instance + "-" + strconv.FormatUint(s.seq.Add(1), 10)
+	}
 	m.Attempt = attempt
 	m.SourceData = dl
 	if !s.lanes.Add(lane, m) {

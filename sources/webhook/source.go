@@ -334,7 +334,7 @@ func (s *Source) laneOf(r *http.Request, body []byte, id string) string {
 		return SourceName
 	}
 	if id == "" {
-		return s.laneName[s.rr.Add(1)%uint64(len(s.laneName))]
+		id = BodyID(body) // repeats of one body share a lane
 	}
 	h := fnv.New32a()
 	h.Write([]byte(id))
