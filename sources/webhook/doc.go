@@ -19,11 +19,15 @@
 // forgotten: nothing of it is applied, queued or parked. The event ID comes
 // from Config.ID, or, with a SignedIDVerifier (GitHubVerifier,
 // StandardVerifier), from what the signature covers, so that a captured
-// delivery sent again with other headers is a duplicate; a verified request whose ID cannot be derived is handed
-// on with an empty Message.ID, which the consumer's default KeyFunc cannot
-// key, so the consumer parks it with reason invalid_key and the request is
-// answered 200: the event is kept whole for a person to look at, and the
-// provider stops sending it.
+// delivery sent again with other headers is a duplicate. A verified
+// request whose ID cannot be derived is handed on with an empty
+// Message.ID, which the consumer's default KeyFunc cannot key, so the
+// consumer parks it with reason invalid_key and the request is answered
+// 200: the body is kept for a person to look at, and the provider stops
+// sending it. Such a message has Ref BodyID(body) and no headers, so that
+// the same signed body sent again (a captured delivery replayed, with
+// whatever unsigned headers) is folded into the same parked row rather
+// than filling the table.
 //
 // The message then waits in its lane until the consumer fetches it, and
 // the request waits for the batch to settle:
@@ -75,7 +79,8 @@
 // Message.Headers are the request's headers (Config.Headers chooses which);
 // Message.Time is when the request arrived; Message.Ref is unique per
 // delivery (this Source's random prefix and a counter), since every
-// delivery is a request of its own that the source never delivers again.
+// delivery is a request of its own that the source never delivers again,
+// except for a delivery without an event ID (see above).
 // Message.Key is nil.
 //
 // # Shutting down
