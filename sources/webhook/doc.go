@@ -1,6 +1,7 @@
 // Package webhook is a consumer.Source fed by HTTP requests: an
 // effectively-once webhook receiver. A provider's deliveries (Stripe,
-// GitHub, any sender that retries until it gets a 2xx) go through the same
+// GitHub, Standard Webhooks senders such as Svix, Clerk and Resend, any
+// sender that retries until it gets a 2xx) go through the same
 // consumer loop, dedupe strategies and parked table as Kafka and SQS
 // messages, and each request is answered only once its event's outcome
 // committed.
