@@ -17,6 +17,8 @@ const (
 	DefaultMaxQueued         = 1000
 	DefaultMaxTracked        = 100_000
 	DefaultRedeliveryHorizon = 72 * time.Hour
+	DefaultName              = "webhook"
+	DefaultAttemptsTable     = "webhook_attempts"
 )
 
 // IDFunc derives the provider's event ID from a verified request: the
@@ -94,6 +96,25 @@ type Config struct {
 	// event seen least recently is forgotten. Defaults to 100,000
 	// (DefaultMaxTracked).
 	MaxTracked int
+
+	// DB, when set, keeps the delivery count of every event that failed
+	// in PostgreSQL as well, in a table of this package (AttemptsTable,
+	// created by the consumer's Migrate), read once per batch and written
+	// in the batch's transaction: an event is then parked at
+	// consumer.Config.MaxAttempts across restarts and across the
+	// processes behind a load balancer. Give it the consumer's database.
+	// Defaults to nil: counts are kept in this process's memory only.
+	DB dedupe.DB
+	// Name tells this source's rows in the attempts table from those of
+	// other sources sharing it: give each endpoint's Source its own (the
+	// consumer's name, say). Defaults to "webhook" (DefaultName).
+	Name string
+	// Schema holds the attempts table. Defaults to "effectively"
+	// (dedupe.DefaultSchema).
+	Schema string
+	// AttemptsTable is the attempts table's name. Defaults to
+	// "webhook_attempts" (DefaultAttemptsTable).
+	AttemptsTable string
 	// RedeliveryHorizon is how long after its first delivery a provider
 	// may deliver an event again (Stripe retries for up to three days);
 	// the consumer warns at start-up when its strategy keeps markers for
@@ -128,6 +149,15 @@ func (c Config) withDefaults() Config {
 	if c.RedeliveryHorizon == 0 {
 		c.RedeliveryHorizon = DefaultRedeliveryHorizon
 	}
+	if c.Name == "" {
+		c.Name = DefaultName
+	}
+	if c.Schema == "" {
+		c.Schema = dedupe.DefaultSchema
+	}
+	if c.AttemptsTable == "" {
+		c.AttemptsTable = DefaultAttemptsTable
+	}
 	if c.Logger == nil {
 		c.Logger = logx.Default()
 	}
@@ -153,6 +183,12 @@ func (c Config) validate() error {
 		return bad("MaxTracked", "must be at least 1 (0 for the default), got %d", c.MaxTracked)
 	case c.RedeliveryHorizon < 0:
 		return bad("RedeliveryHorizon", "must not be negative, got %s", c.RedeliveryHorizon)
+	}
+	if err := dedupe.ValidateIdentifier(c.Schema, 0); err != nil {
+		return bad("Schema", "%v", err)
+	}
+	if err := dedupe.ValidateIdentifier(c.AttemptsTable, len("_updated_at")); err != nil {
+		return bad("AttemptsTable", "%v", err)
 	}
 	if err := checkHeaders(c.Headers); err != nil {
 		return bad("Headers", "%v", err)

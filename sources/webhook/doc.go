@@ -58,10 +58,14 @@
 // handler keeps failing reaches consumer.Config.MaxAttempts and is parked
 // (answered 200). A delivery that never reached a handler (abandoned at
 // shutdown, or whose client left before it was fetched) is not counted,
-// and an acknowledged event is forgotten. The counts are kept in memory, in
-// this process, for at most Config.MaxTracked events (the least recently
-// seen is forgotten first): behind a load balancer with several processes,
-// or after a restart, an event may take more deliveries to be parked.
+// and an acknowledged event is forgotten. With Config.DB set the counts
+// are kept in PostgreSQL too (a table of this package, read once per batch
+// and written in the batch's transaction), so they survive a restart and
+// are shared by the processes behind a load balancer. Without it they are
+// kept in memory, in this process, for at most Config.MaxTracked events
+// (the least recently seen is forgotten first): behind a load balancer
+// with several processes, or after a restart, an event may then take more
+// deliveries to be parked.
 //
 // # Lanes
 //

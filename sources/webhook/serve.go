@@ -171,6 +171,9 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	select {
 	case a := <-dl.answer:
+		if a.attempt > 0 {
+			d.Attempt = a.attempt
+		}
 		done(a.status, a.result, a.retryAfter, a.err)
 		return
 	case <-r.Context().Done():
@@ -189,6 +192,9 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// Fetched: its outcome is coming; wait for it, to report it.
 	a := <-dl.answer
+	if a.attempt > 0 {
+		d.Attempt = a.attempt
+	}
 	done(a.status, a.result, a.retryAfter, a.err)
 }
 

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/dedupe"
+	"github.com/jackc/pgx/v5"
 )
 
 // ErrClosed is returned by Fetch after Close. It also matches
@@ -35,7 +37,8 @@ type Source struct {
 	lanes    *consumer.Lanes
 	laneName []string // the default lanes' names
 	tries    *attempts
-	instance string // tells this Source's Refs from another's
+	store    *attemptStore // Config.DB's attempt counts, or nil
+	instance string        // tells this Source's Refs from another's
 	seq      atomic.Uint64
 	rr       atomic.Uint64    // spreads requests without an ID over the default lanes
 	headers  []string         // canonical names of Config.Headers
@@ -56,6 +59,8 @@ type Source struct {
 var (
 	_ consumer.Source        = (*Source)(nil)
 	_ consumer.HorizonSource = (*Source)(nil)
+	_ consumer.TxSource      = (*Source)(nil)
+	_ dedupe.Migrator        = (*Source)(nil)
 	_ http.Handler           = (*Source)(nil)
 )
 
@@ -78,6 +83,7 @@ type answer struct {
 	status     int
 	result     Result
 	retryAfter time.Duration
+	attempt    int // Message.Attempt, once the batch was fetched
 	err        error
 }
 
@@ -100,6 +106,9 @@ func New(cfg Config) (*Source, error) {
 		instance: hex.EncodeToString(nonce[:]),
 		up:       make(chan struct{}),
 		queued:   map[*delivery]struct{}{},
+	}
+	if cfg.DB != nil {
+		s.store = newAttemptStore(cfg)
 	}
 	if cfg.Lane == nil {
 		s.laneName = make([]string, cfg.Lanes)
@@ -125,6 +134,26 @@ func New(cfg Config) (*Source, error) {
 		s.log.Warn("webhook: requests are not verified (webhook.Unverified): anyone who can reach the endpoint can deliver events")
 	}
 	return s, nil
+}
+
+// Migrations returns the migration line of the attempts table when
+// Config.DB is set (dedupe.Migrator), so that the consumer's Migrate
+// creates it; none otherwise.
+func (s *Source) Migrations() []dedupe.Line {
+	if s.store == nil {
+		return nil
+	}
+	return []dedupe.Line{s.store.line}
+}
+
+// BeforeCommit records, in the batch's transaction, the delivery counts of
+// the batch's events when Config.DB is set: an acknowledged event is
+// forgotten, a retried one counted (consumer.TxSource).
+func (s *Source) BeforeCommit(ctx context.Context, tx pgx.Tx, b *consumer.Batch, ack []*consumer.Message) error {
+	if s.store == nil {
+		return nil
+	}
+	return s.store.write(ctx, tx, b, ack)
 }
 
 // RedeliveryHorizon returns Config.RedeliveryHorizon
@@ -192,6 +221,11 @@ func (s *Source) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
 			delete(s.queued, m.SourceData.(*delivery))
 		}
 		s.mu.Unlock()
+		if s.store != nil {
+			if err := s.store.load(ctx, kept); err != nil {
+				s.log.Warn("webhook: stored attempt counts could not be read; this batch's deliveries are counted by this process alone", "lane", b.Lane, "err", err)
+			}
+		}
 		b.SourceData = s
 		s.noteFetchEnd(ctx, true)
 		return b, nil
@@ -222,12 +256,12 @@ func (s *Source) Settle(_ context.Context, b *consumer.Batch, ack []*consumer.Me
 		d := m.SourceData.(*delivery)
 		var a answer
 		if acked[m] {
-			a = answer{status: http.StatusOK, result: ResultAccepted}
+			a = answer{status: http.StatusOK, result: ResultAccepted, attempt: m.Attempt}
 			if d.id != "" {
 				s.tries.forget(d.id)
 			}
 		} else if delay, ok := retried[m]; ok {
-			a = answer{status: http.StatusInternalServerError, result: ResultFailed, retryAfter: delay,
+			a = answer{status: http.StatusInternalServerError, result: ResultFailed, retryAfter: delay, attempt: m.Attempt,
 				err: errors.New("webhook: the handler failed; the provider's redelivery is the retry")}
 		} else {
 			// Abandoned (the consumer stopped): no attempt was spent.
