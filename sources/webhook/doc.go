@@ -82,10 +82,10 @@
 // Message.Source is "webhook"; Message.ID is the event ID; Message.Value is
 // the body byte for byte (an empty body is a non-nil empty slice);
 // Message.Headers are the request's headers (Config.Headers chooses which);
-// Message.Time is when the request arrived; Message.Ref is unique per
-// delivery (this Source's random prefix and a counter), since every
-// delivery is a request of its own that the source never delivers again,
-// except for a delivery without an event ID (see above).
+// Message.Time is when the request arrived; Message.Ref is the event ID,
+// the same in every delivery of the event, since a provider's redelivery
+// is the same message delivered again (a delivery without an event ID has
+// Ref BodyID(body), see above).
 // Message.Key is nil.
 //
 // # Shutting down

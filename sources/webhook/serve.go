@@ -145,6 +145,9 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	lane := s.laneOf(r, body, id)
 	kept := &consumer.Message{Value: body, Time: start, Source: SourceName, Lane: lane, ID: id}
 	if id != "" {
+		// Every delivery of the event is the same message: the provider's
+		// redelivery is its retry.
+		kept.Ref = id
 		kept.Headers = s.copyHeaders(r.Header)
 	} else {
 		// Parked as invalid_key. The same body signed is the same message,
@@ -223,9 +226,6 @@ func (s *Source) enqueue(r *http.Request, m *consumer.Message) (*delivery, int, 
 		attempt = s.tries.next(id)
 	}
 	dl := &delivery{id: id, answer: make(chan answer, 1)}
-	if m.Ref == "" {
-		m.Ref = s.instance + "-" + strconv.FormatUint(s.seq.Add(1), 10)
-	}
 	m.Attempt = attempt
 	m.SourceData = dl
 	if !s.lanes.Add(lane, m) {

@@ -2,8 +2,6 @@ package webhook
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -37,9 +35,7 @@ type Source struct {
 	lanes    *consumer.Lanes
 	laneName []string // the default lanes' names
 	tries    *attempts
-	store    *attemptStore // Config.DB's attempt counts, or nil
-	instance string        // tells this Source's Refs from another's
-	seq      atomic.Uint64
+	store    *attemptStore    // Config.DB's attempt counts, or nil
 	rr       atomic.Uint64    // spreads requests without an ID over the default lanes
 	headers  []string         // canonical names of Config.Headers
 	signed   SignedIDVerifier // Config.Verifier, when it is one
@@ -94,18 +90,13 @@ func New(cfg Config) (*Source, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	var nonce [6]byte
-	if _, err := rand.Read(nonce[:]); err != nil {
-		return nil, fmt.Errorf("webhook: random delivery prefix: %w", err)
-	}
 	s := &Source{
-		cfg:      cfg,
-		log:      cfg.Logger,
-		lanes:    consumer.NewLanes(consumer.LanesConfig{AutoLanes: true, Buffer: cfg.MaxQueued}),
-		tries:    newAttempts(cfg.MaxTracked),
-		instance: hex.EncodeToString(nonce[:]),
-		up:       make(chan struct{}),
-		queued:   map[*delivery]struct{}{},
+		cfg:    cfg,
+		log:    cfg.Logger,
+		lanes:  consumer.NewLanes(consumer.LanesConfig{AutoLanes: true, Buffer: cfg.MaxQueued}),
+		tries:  newAttempts(cfg.MaxTracked),
+		up:     make(chan struct{}),
+		queued: map[*delivery]struct{}{},
 	}
 	if cfg.DB != nil {
 		s.store = newAttemptStore(cfg)
