@@ -3,7 +3,6 @@ package webhook
 import (
 	"context"
 	"embed"
-	"fmt"
 	"io/fs"
 	"sync/atomic"
 	"time"
@@ -13,11 +12,15 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// storeTimeout bounds a read or a write of counts: an unreachable database
+// must not hold a batch's answers for long (the counts go on in memory).
+const storeTimeout = 2 * time.Second
+
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
 // sweepEvery is how often the rows of events not delivered for longer than
-// the redelivery horizon are deleted, in a batch's transaction.
+// the redelivery horizon are deleted, with a batch's counts.
 const sweepEvery = time.Hour
 
 // AttemptsLine returns the migration line of the attempts table in schema
@@ -40,7 +43,7 @@ func AttemptsLine(schema, table string) dedupe.Line {
 // attemptStore keeps, in Postgres, the unacknowledged deliveries of each
 // event (Config.DB), so that counts survive a restart and are shared by
 // the processes behind a load balancer. It is read once per batch, when
-// the batch is fetched, and written in the batch's transaction.
+// the batch is fetched, and written once the batch settled.
 type attemptStore struct {
 	db        dedupe.DB
 	name      string
@@ -83,6 +86,8 @@ func (st *attemptStore) load(ctx context.Context, msgs []*consumer.Message) erro
 	if len(ids) == 0 {
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
 	rows, err := st.db.Query(ctx, st.readSQL, st.name, ids)
 	if err != nil {
 		return err
@@ -108,25 +113,21 @@ func (st *attemptStore) load(ctx context.Context, msgs []*consumer.Message) erro
 	return nil
 }
 
-// write records the batch's outcome in tx: acknowledged events are
-// forgotten, and the others (retried: the transaction commits) counted at
-// their Attempt. A batch of first deliveries all acknowledged writes
-// nothing.
-func (st *attemptStore) write(ctx context.Context, tx pgx.Tx, b *consumer.Batch, ack []*consumer.Message) error {
-	acked := make(map[*consumer.Message]bool, len(ack))
-	for _, m := range ack {
-		acked[m] = true
-	}
+// write records a settled batch's outcome: acknowledged events are
+// forgotten and retried ones counted at their Attempt, in one statement
+// (none for a batch of first deliveries all acknowledged, unless a sweep
+// is due). It runs after the batch's transaction, before the requests are
+// answered, so a provider's next delivery finds the count.
+func (st *attemptStore) write(ctx context.Context, acked, retried []*consumer.Message) error {
 	forget := map[string]bool{}
 	count := map[string]int{}
-	for _, m := range b.Messages {
-		switch {
-		case m.ID == "":
-		case acked[m]:
-			if m.Attempt > 1 {
-				forget[m.ID] = true
-			}
-		default:
+	for _, m := range acked {
+		if m.ID != "" && m.Attempt > 1 {
+			forget[m.ID] = true
+		}
+	}
+	for _, m := range retried {
+		if m.ID != "" {
 			count[m.ID] = max(count[m.ID], m.Attempt)
 		}
 	}
@@ -144,8 +145,8 @@ func (st *attemptStore) write(ctx context.Context, tx pgx.Tx, b *consumer.Batch,
 	if len(gone) == 0 && len(ids) == 0 && !sweep {
 		return nil
 	}
-	if _, err := tx.Exec(ctx, st.writeSQL, st.name, gone, ids, ns, sweep, st.horizon); err != nil {
-		return fmt.Errorf("webhook: attempt counts: %w", err)
+	if _, err := st.db.Exec(ctx, st.writeSQL, st.name, gone, ids, ns, sweep, st.horizon); err != nil {
+		return err
 	}
 	if sweep {
 		st.lastSweep.Store(now.UnixNano())

@@ -99,11 +99,12 @@ type Config struct {
 
 	// DB, when set, keeps the delivery count of every event that failed
 	// in PostgreSQL as well, in a table of this package (AttemptsTable,
-	// created by the consumer's Migrate), read once per batch and written
-	// in the batch's transaction: an event is then parked at
-	// consumer.Config.MaxAttempts across restarts and across the
-	// processes behind a load balancer. Give it the consumer's database.
-	// Defaults to nil: counts are kept in this process's memory only.
+	// created by the consumer's Migrate), read once per batch when it is
+	// fetched and written once it settled, before its requests are
+	// answered: an event is then parked at consumer.Config.MaxAttempts
+	// across restarts and across the processes behind a load balancer.
+	// Give it the consumer's database. Defaults to nil: counts are kept in
+	// this process's memory only.
 	DB dedupe.DB
 	// Name tells this source's rows in the attempts table from those of
 	// other sources sharing it: give each endpoint's Source its own (the

@@ -60,7 +60,7 @@
 // shutdown, or whose client left before it was fetched) is not counted,
 // and an acknowledged event is forgotten. With Config.DB set the counts
 // are kept in PostgreSQL too (a table of this package, read once per batch
-// and written in the batch's transaction), so they survive a restart and
+// and written once it settled), so they survive a restart and
 // are shared by the processes behind a load balancer. Without it they are
 // kept in memory, in this process, for at most Config.MaxTracked events
 // (the least recently seen is forgotten first): behind a load balancer

@@ -15,7 +15,6 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
-	"github.com/jackc/pgx/v5"
 )
 
 // ErrClosed is returned by Fetch after Close. It also matches
@@ -55,7 +54,6 @@ type Source struct {
 var (
 	_ consumer.Source        = (*Source)(nil)
 	_ consumer.HorizonSource = (*Source)(nil)
-	_ consumer.TxSource      = (*Source)(nil)
 	_ dedupe.Migrator        = (*Source)(nil)
 	_ http.Handler           = (*Source)(nil)
 )
@@ -127,6 +125,20 @@ func New(cfg Config) (*Source, error) {
 	return s, nil
 }
 
+// writeAttempts stores the counts of a settled batch (Config.DB). A
+// failure is logged: the counts of this process go on in memory.
+func (s *Source) writeAttempts(ctx context.Context, ack []*consumer.Message, retry []consumer.Retry) {
+	retried := make([]*consumer.Message, len(retry))
+	for i, r := range retry {
+		retried[i] = r.Message
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	defer cancel()
+	if err := s.store.write(ctx, ack, retried); err != nil {
+		s.log.Warn("webhook: attempt counts could not be stored; the failed events are counted by this process alone", "err", err)
+	}
+}
+
 // Migrations returns the migration line of the attempts table when
 // Config.DB is set (dedupe.Migrator), so that the consumer's Migrate
 // creates it; none otherwise.
@@ -135,16 +147,6 @@ func (s *Source) Migrations() []dedupe.Line {
 		return nil
 	}
 	return []dedupe.Line{s.store.line}
-}
-
-// BeforeCommit records, in the batch's transaction, the delivery counts of
-// the batch's events when Config.DB is set: an acknowledged event is
-// forgotten, a retried one counted (consumer.TxSource).
-func (s *Source) BeforeCommit(ctx context.Context, tx pgx.Tx, b *consumer.Batch, ack []*consumer.Message) error {
-	if s.store == nil {
-		return nil
-	}
-	return s.store.write(ctx, tx, b, ack)
 }
 
 // RedeliveryHorizon returns Config.RedeliveryHorizon
@@ -227,7 +229,7 @@ func (s *Source) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
 // (applied, duplicate or parked, committed), 500 for the retried ones (the
 // provider's redelivery is the retry), 503 for the abandoned ones. It
 // returns nil, also for a batch settled already.
-func (s *Source) Settle(_ context.Context, b *consumer.Batch, ack []*consumer.Message, retry []consumer.Retry) error {
+func (s *Source) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.Message, retry []consumer.Retry) error {
 	if src, ok := b.SourceData.(*Source); !ok || src != s {
 		return errors.New("webhook: Settle: batch did not come from this source")
 	}
@@ -242,6 +244,9 @@ func (s *Source) Settle(_ context.Context, b *consumer.Batch, ack []*consumer.Me
 	retried := make(map[*consumer.Message]time.Duration, len(retry))
 	for _, r := range retry {
 		retried[r.Message] = r.Delay
+	}
+	if s.store != nil {
+		s.writeAttempts(ctx, ack, retry)
 	}
 	for _, m := range b.Messages {
 		d := m.SourceData.(*delivery)
