@@ -72,7 +72,7 @@ func (r *receiver) post(t *testing.T, body []byte) int {
 // TestAttemptsSurviveRestart: an event whose handler always fails is
 // parked at MaxAttempts even when its receiver is restarted between every
 // two deliveries, and when its deliveries go to different processes: the
-// count is kept in Postgres, written with the batch.
+// count is kept in Postgres (Config.DB), written once each batch settled.
 func TestAttemptsSurviveRestart(t *testing.T) {
 	t.Parallel()
 	pool, err := pgxpool.New(context.Background(), pgtest.URL(t))
