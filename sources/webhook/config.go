@@ -50,8 +50,8 @@ type Config struct {
 	// any other header. An ID that cannot be read from those (such as
 	// Header("X-GitHub-Delivery"), which GitHub does not sign, so that a
 	// captured delivery sent again with a new one would be a new event) is
-	// replaced by the SignedID, and New's source logs a warning the first
-	// time it is.
+	// replaced by the SignedID, and the source logs a warning the first
+	// time it does so.
 	ID IDFunc
 
 	// Lane names a request's lane. Defaults to a hash of the event ID over

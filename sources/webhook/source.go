@@ -35,7 +35,6 @@ type Source struct {
 	laneName []string // the default lanes' names
 	tries    *attempts
 	store    *attemptStore    // Config.DB's attempt counts, or nil
-	rr       atomic.Uint64    // spreads requests without an ID over the default lanes
 	headers  []string         // canonical names of Config.Headers
 	signed   SignedIDVerifier // Config.Verifier, when it is one
 	signedH  []string         // its SignedHeaders, canonical
