@@ -78,7 +78,8 @@ type Config struct {
 	// before it is handed to the consumer: what it removes or masks in
 	// m.Value and m.Headers is what the handler sees and what a parked
 	// row keeps. It runs after the signature was checked and the event ID
-	// derived, so it cannot change either; it should be deterministic, for
+	// derived, so it cannot change either (the message's other fields are
+	// restored after it); it should be deterministic, for
 	// the payload fingerprint of a redelivery to match. A panic answers
 	// the request 500 and keeps nothing of it. Defaults to nil: the
 	// message as received.

@@ -65,7 +65,8 @@ func (s *Source) copyHeaders(h http.Header) []consumer.Header {
 	return out
 }
 
-// redact runs Config.Redact on m; a panic is returned as an error.
+// redact runs Config.Redact on m, which may change m.Value and m.Headers
+// only; a panic is returned as an error.
 func (s *Source) redact(m *consumer.Message) (err error) {
 	if s.cfg.Redact == nil {
 		return nil
@@ -75,6 +76,9 @@ func (s *Source) redact(m *consumer.Message) (err error) {
 			err = fmt.Errorf("webhook: Config.Redact panicked: %v\n%s", r, debug.Stack())
 		}
 	}()
+	id, ref, lane, src, at := m.ID, m.Ref, m.Lane, m.Source, m.Time
 	s.cfg.Redact(m)
+	// What names and places the message is not Redact's to change.
+	m.ID, m.Ref, m.Lane, m.Source, m.Time = id, ref, lane, src, at
 	return nil
 }
