@@ -81,7 +81,9 @@
 //
 // Message.Source is "webhook"; Message.ID is the event ID; Message.Value is
 // the body byte for byte (an empty body is a non-nil empty slice);
-// Message.Headers are the request's headers (Config.Headers chooses which);
+// Message.Headers are the request's headers named in Config.Headers
+// (DefaultHeaders when unset: none that carries a credential), after
+// Config.Redact, which may also mask the body;
 // Message.Time is when the request arrived; Message.Ref is the event ID,
 // the same in every delivery of the event, since a provider's redelivery
 // is the same message delivered again (a delivery without an event ID has
