@@ -25,7 +25,8 @@ import (
 // whose handler inserts one row (marker and effect in one transaction per
 // batch, each answered after its commit) with a bare handler that verifies
 // the same signature and inserts the same row in a transaction of its own,
-// with no dedupe:
+// with no dedupe; and the source again with its attempt counts in
+// Postgres (Config.DB):
 //
 //	go test -run '^$' -bench Deliveries -benchtime 20000x ./sources/webhook/
 func BenchmarkDeliveries(b *testing.B) {
@@ -57,42 +58,51 @@ func BenchmarkDeliveries(b *testing.B) {
 		defer srv.Close()
 		runDeliveries(b, srv)
 	})
-	b.Run("webhook", func(b *testing.B) {
-		pool := benchPool(b)
-		src, err := webhook.New(webhook.Config{Verifier: benchVerifier(b), ID: webhook.JSONField("id"), Logger: testLogger()})
-		if err != nil {
-			b.Fatal(err)
+	b.Run("webhook", func(b *testing.B) { benchSource(b, false) })
+	b.Run("webhook+db", func(b *testing.B) { benchSource(b, true) })
+}
+
+// benchSource runs the deliveries through the webhook source, with the
+// attempt counts in Postgres (Config.DB) when db is true.
+func benchSource(b *testing.B, db bool) {
+	pool := benchPool(b)
+	cfg := webhook.Config{Verifier: benchVerifier(b), ID: webhook.JSONField("id"), Logger: testLogger()}
+	if db {
+		cfg.DB = pool
+	}
+	src, err := webhook.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer src.Close()
+	strategy, err := idset.New(idset.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, err := consumer.New(pool, src, consumer.Config{Name: "bench", Strategy: strategy, Handler: insertEffect, Logger: testLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := c.Migrate(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Error(err)
 		}
-		defer src.Close()
-		strategy, err := idset.New(idset.Config{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		c, err := consumer.New(pool, src, consumer.Config{Name: "bench", Strategy: strategy, Handler: insertEffect, Logger: testLogger()})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := c.Migrate(context.Background()); err != nil {
-			b.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- c.Run(ctx) }()
-		defer func() {
-			cancel()
-			if err := <-done; err != nil {
-				b.Error(err)
-			}
-		}()
-		wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer wcancel()
-		if err := src.WaitRunning(wctx); err != nil {
-			b.Fatal(err)
-		}
-		srv := httptest.NewServer(src)
-		defer srv.Close()
-		runDeliveries(b, srv)
-	})
+	}()
+	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer wcancel()
+	if err := src.WaitRunning(wctx); err != nil {
+		b.Fatal(err)
+	}
+	srv := httptest.NewServer(src)
+	defer srv.Close()
+	runDeliveries(b, srv)
 }
 
 var benchRun atomic.Int64

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
 )
@@ -16,6 +17,8 @@ const (
 	DefaultMaxQueued         = 1000
 	DefaultMaxTracked        = 100_000
 	DefaultRedeliveryHorizon = 72 * time.Hour
+	DefaultName              = "webhook"
+	DefaultAttemptsTable     = "webhook_attempts"
 )
 
 // IDFunc derives the provider's event ID from a verified request: the
@@ -37,8 +40,18 @@ type Config struct {
 	// Verifier, or Unverified() to accept requests without checking them.
 	Verifier Verifier
 	// ID derives the event ID, the dedupe ID of the message, from a
-	// verified request: JSONField("id") for Stripe, Header("X-GitHub-Delivery")
-	// for GitHub. Required.
+	// verified request: JSONField("id") for Stripe. Defaults to the
+	// Verifier's SignedID when it is a SignedIDVerifier (GitHubVerifier: a
+	// hash of the body; StandardVerifier: the webhook-id header), and is
+	// required otherwise.
+	//
+	// With a SignedIDVerifier, ID sees only what the signature covers: the
+	// body and the verifier's SignedHeaders, without the query string or
+	// any other header. An ID that cannot be read from those (such as
+	// Header("X-GitHub-Delivery"), which GitHub does not sign, so that a
+	// captured delivery sent again with a new one would be a new event) is
+	// replaced by the SignedID, and the source logs a warning the first
+	// time it does so.
 	ID IDFunc
 
 	// Lane names a request's lane. Defaults to a hash of the event ID over
@@ -52,9 +65,25 @@ type Config struct {
 	Lanes int
 
 	// Headers lists the request headers copied to Message.Headers (and so
-	// kept with a parked message), by their canonical names. Defaults to
-	// every header but Authorization, Proxy-Authorization and Cookie.
+	// kept with a parked message), in this order. Defaults to
+	// DefaultHeaders(): Content-Type, Content-Encoding, User-Agent and the
+	// event, delivery and signature headers of Stripe, GitHub and Standard
+	// Webhooks, so that a credential a request carries (an API key, a
+	// session token, a proxy's Authorization) never reaches the parked
+	// table. Headers that carry credentials (Authorization, Cookie,
+	// X-Api-Key, X-Amz-Security-Token …) cannot be listed. An empty,
+	// non-nil list keeps none.
 	Headers []string
+	// Redact, when set, is called with every verified request's message
+	// before it is handed to the consumer: what it removes or masks in
+	// m.Value and m.Headers is what the handler sees and what a parked
+	// row keeps. It runs after the signature was checked and the event ID
+	// derived, so it cannot change either (the message's other fields are
+	// restored after it); it should be deterministic, for
+	// the payload fingerprint of a redelivery to match. A panic answers
+	// the request 500 and keeps nothing of it. Defaults to nil: the
+	// message as received.
+	Redact func(m *consumer.Message)
 	// MaxBodyBytes is the largest request body accepted; a larger one is
 	// answered 413 and never handed to the consumer. Defaults to 1 MiB
 	// (DefaultMaxBodyBytes). GitHub sends payloads of up to 25 MB.
@@ -68,6 +97,26 @@ type Config struct {
 	// event seen least recently is forgotten. Defaults to 100,000
 	// (DefaultMaxTracked).
 	MaxTracked int
+
+	// DB, when set, keeps the delivery count of every event that failed
+	// in PostgreSQL as well, in a table of this package (AttemptsTable,
+	// created by the consumer's Migrate), read once per batch when it is
+	// fetched and written once it settled, before its requests are
+	// answered: an event is then parked at consumer.Config.MaxAttempts
+	// across restarts and across the processes behind a load balancer.
+	// Give it the consumer's database. Defaults to nil: counts are kept in
+	// this process's memory only.
+	DB dedupe.DB
+	// Name tells this source's rows in the attempts table from those of
+	// other sources sharing it: give each endpoint's Source its own (the
+	// consumer's name, say). Defaults to "webhook" (DefaultName).
+	Name string
+	// Schema holds the attempts table. Defaults to "effectively"
+	// (dedupe.DefaultSchema).
+	Schema string
+	// AttemptsTable is the attempts table's name. Defaults to
+	// "webhook_attempts" (DefaultAttemptsTable).
+	AttemptsTable string
 	// RedeliveryHorizon is how long after its first delivery a provider
 	// may deliver an event again (Stripe retries for up to three days);
 	// the consumer warns at start-up when its strategy keeps markers for
@@ -102,6 +151,15 @@ func (c Config) withDefaults() Config {
 	if c.RedeliveryHorizon == 0 {
 		c.RedeliveryHorizon = DefaultRedeliveryHorizon
 	}
+	if c.Name == "" {
+		c.Name = DefaultName
+	}
+	if c.Schema == "" {
+		c.Schema = dedupe.DefaultSchema
+	}
+	if c.AttemptsTable == "" {
+		c.AttemptsTable = DefaultAttemptsTable
+	}
 	if c.Logger == nil {
 		c.Logger = logx.Default()
 	}
@@ -115,8 +173,8 @@ func (c Config) validate() error {
 	switch {
 	case c.Verifier == nil:
 		return bad("Verifier", "is required: a verifier of the provider's signatures (StripeVerifier, GitHubVerifier), or webhook.Unverified() to accept unsigned requests")
-	case c.ID == nil:
-		return bad("ID", `is required: how to find the event ID, such as webhook.JSONField("id") or webhook.Header("X-GitHub-Delivery")`)
+	case c.ID == nil && !isSigned(c.Verifier):
+		return bad("ID", `is required unless the Verifier is a SignedIDVerifier: how to find the event ID, such as webhook.JSONField("id")`)
 	case c.Lanes < 1:
 		return bad("Lanes", "must be at least 1 (0 for the default), got %d", c.Lanes)
 	case c.MaxBodyBytes < 1:
@@ -128,10 +186,19 @@ func (c Config) validate() error {
 	case c.RedeliveryHorizon < 0:
 		return bad("RedeliveryHorizon", "must not be negative, got %s", c.RedeliveryHorizon)
 	}
-	for _, h := range c.Headers {
-		if h == "" {
-			return bad("Headers", "holds an empty header name")
-		}
+	if err := dedupe.ValidateIdentifier(c.Schema, 0); err != nil {
+		return bad("Schema", "%v", err)
+	}
+	if err := dedupe.ValidateIdentifier(c.AttemptsTable, len("_updated_at")); err != nil {
+		return bad("AttemptsTable", "%v", err)
+	}
+	if err := checkHeaders(c.Headers); err != nil {
+		return bad("Headers", "%v", err)
 	}
 	return nil
+}
+
+func isSigned(v Verifier) bool {
+	_, ok := v.(SignedIDVerifier)
+	return ok
 }

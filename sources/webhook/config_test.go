@@ -24,6 +24,7 @@ func TestConfig(t *testing.T) {
 		{"MaxTracked", func(c *webhook.Config) { c.MaxTracked = -1 }},
 		{"RedeliveryHorizon", func(c *webhook.Config) { c.RedeliveryHorizon = -1 }},
 		{"Headers", func(c *webhook.Config) { c.Headers = []string{""} }},
+		{"AttemptsTable", func(c *webhook.Config) { c.AttemptsTable = strings.Repeat("a", 64) }},
 	}
 	for _, c := range cases {
 		cfg := ok

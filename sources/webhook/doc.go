@@ -1,6 +1,7 @@
 // Package webhook is a consumer.Source fed by HTTP requests: an
 // effectively-once webhook receiver. A provider's deliveries (Stripe,
-// GitHub, any sender that retries until it gets a 2xx) go through the same
+// GitHub, Standard Webhooks senders such as Svix, Clerk and Resend, any
+// sender that retries until it gets a 2xx) go through the same
 // consumer loop, dedupe strategies and parked table as Kafka and SQS
 // messages, and each request is answered only once its event's outcome
 // committed.
@@ -17,11 +18,17 @@
 // Config.Verifier check it; a request that fails is answered 401 (400 for a
 // malformed signature header), logged, passed to Config.Observe and
 // forgotten: nothing of it is applied, queued or parked. The event ID comes
-// from Config.ID; a verified request whose ID cannot be derived is handed
-// on with an empty Message.ID, which the consumer's default KeyFunc cannot
-// key, so the consumer parks it with reason invalid_key and the request is
-// answered 200: the event is kept whole for a person to look at, and the
-// provider stops sending it.
+// from Config.ID, or, with a SignedIDVerifier (GitHubVerifier,
+// StandardVerifier), from what the signature covers, so that a captured
+// delivery sent again with other headers is a duplicate. A verified
+// request whose ID cannot be derived is handed on with an empty
+// Message.ID, which the consumer's default KeyFunc cannot key, so the
+// consumer parks it with reason invalid_key and the request is answered
+// 200: the body is kept for a person to look at, and the provider stops
+// sending it. Such a message has Ref BodyID(body) and no headers, so that
+// the same signed body sent again (a captured delivery replayed, with
+// whatever unsigned headers) is folded into the same parked row rather
+// than filling the table.
 //
 // The message then waits in its lane until the consumer fetches it, and
 // the request waits for the batch to settle:
@@ -51,10 +58,14 @@
 // handler keeps failing reaches consumer.Config.MaxAttempts and is parked
 // (answered 200). A delivery that never reached a handler (abandoned at
 // shutdown, or whose client left before it was fetched) is not counted,
-// and an acknowledged event is forgotten. The counts are kept in memory, in
-// this process, for at most Config.MaxTracked events (the least recently
-// seen is forgotten first): behind a load balancer with several processes,
-// or after a restart, an event may take more deliveries to be parked.
+// and an acknowledged event is forgotten. With Config.DB set the counts
+// are kept in PostgreSQL too (a table of this package, read once per batch
+// and written once it settled), so they survive a restart and
+// are shared by the processes behind a load balancer. Without it they are
+// kept in memory, in this process, for at most Config.MaxTracked events
+// (the least recently seen is forgotten first): behind a load balancer
+// with several processes, or after a restart, an event may then take more
+// deliveries to be parked.
 //
 // # Lanes
 //
@@ -70,10 +81,13 @@
 //
 // Message.Source is "webhook"; Message.ID is the event ID; Message.Value is
 // the body byte for byte (an empty body is a non-nil empty slice);
-// Message.Headers are the request's headers (Config.Headers chooses which);
-// Message.Time is when the request arrived; Message.Ref is unique per
-// delivery (this Source's random prefix and a counter), since every
-// delivery is a request of its own that the source never delivers again.
+// Message.Headers are the request's headers named in Config.Headers
+// (DefaultHeaders when unset: none that carries a credential), after
+// Config.Redact, which may also mask the body;
+// Message.Time is when the request arrived; Message.Ref is the event ID,
+// the same in every delivery of the event, since a provider's redelivery
+// is the same message delivered again (a delivery without an event ID has
+// Ref BodyID(body), see above).
 // Message.Key is nil.
 //
 // # Shutting down

@@ -128,3 +128,29 @@ func ExampleStripeVerifier() {
 	// true false
 	// false true
 }
+
+// A Standard Webhooks signature (Svix, Clerk, Resend …), with the vector
+// of the specification's reference implementations: the event is named by
+// its signed webhook-id.
+func ExampleStandardVerifier() {
+	body := []byte(`{"test": 2432232314}`)
+	r := httptest.NewRequest(http.MethodPost, "/hook", strings.NewReader(string(body)))
+	r.Header.Set("webhook-id", "msg_p5jXN8AQM9LWM0D4loKWxJek")
+	r.Header.Set("webhook-timestamp", "1614265330")
+	r.Header.Set("webhook-signature", "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=")
+	for _, now := range []time.Time{time.Unix(1614265330, 0), time.Unix(1614265330, 0).Add(time.Hour)} {
+		v, err := webhook.NewStandardVerifier(webhook.StandardConfig{
+			Secrets: []string{"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"},
+			Now:     func() time.Time { return now },
+		})
+		if err != nil {
+			log.Fatal(err)
+		}
+		err = v.Verify(r, body)
+		id, _ := v.SignedID(r, body)
+		fmt.Println(err == nil, errors.Is(err, webhook.ErrStaleSignature), id)
+	}
+	// Output:
+	// true false msg_p5jXN8AQM9LWM0D4loKWxJek
+	// false true msg_p5jXN8AQM9LWM0D4loKWxJek
+}

@@ -46,8 +46,8 @@ type env struct {
 	watch    func(webhook.Delivery)
 }
 
-// newEnv makes the source (Stripe-style signatures with testSecret, the
-// event ID from the body's "id" unless wcfg says otherwise) and a migrated
+// newEnv makes the source (Stripe-style signatures with testSecret and the
+// event ID from the body's "id", unless wcfg has a Verifier) and a migrated
 // consumer on it (idset, a handler that inserts one effect row per event,
 // quick retries unless ccfg says otherwise), and serves the source. The
 // consumer is not started: see start.
@@ -81,9 +81,9 @@ func newEnv(t *testing.T, wcfg webhook.Config, ccfg consumer.Config) *env {
 			t.Fatal(err)
 		}
 		wcfg.Verifier = v
-	}
-	if wcfg.ID == nil {
-		wcfg.ID = webhook.JSONField("id")
+		if wcfg.ID == nil {
+			wcfg.ID = webhook.JSONField("id")
+		}
 	}
 	if wcfg.Logger == nil {
 		wcfg.Logger = testLogger()
@@ -266,3 +266,5 @@ func expectStatus(t *testing.T, what string, r reply, want int) {
 		t.Fatalf("%s: answered %d %q, want %d", what, r.status, r.body, want)
 	}
 }
+
+func bytesReader(b []byte) *strings.Reader { return strings.NewReader(string(b)) }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strconv"
 	"time"
 
@@ -76,10 +75,6 @@ type Delivery struct {
 // Config.MaxBodyBytes.
 var ErrTooLarge = errors.New("webhook: request body too large")
 
-// deniedHeaders are left out of Message.Headers by default: they carry
-// credentials that have no place in the parked table.
-var deniedHeaders = []string{"Authorization", "Cookie", "Proxy-Authorization"}
-
 // ServeHTTP takes a provider's delivery: it verifies the signature, hands
 // the event to the consumer and answers once the event's batch settled.
 // See the package documentation for the status codes.
@@ -138,21 +133,36 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	id, err := s.cfg.ID(r, body)
-	if err == nil && id == "" {
-		err = errors.New("webhook: the event ID is empty")
-	}
+	id, err := s.eventID(r, body)
 	if err != nil {
 		// Handed on without an ID: the consumer's default KeyFunc finds no
 		// key and parks it (invalid_key), so nothing is lost and the
 		// provider stops.
-		s.log.Warn("webhook: no event ID; handed to the consumer without one", "remote", r.RemoteAddr, "path", r.URL.Path, "err", err)
+		s.log.Warn("webhook: no event ID; handed to the consumer without one, to be parked as invalid_key under a hash of its body", "remote", r.RemoteAddr, "path", r.URL.Path, "err", err)
 		id = ""
 	}
 	d.ID = id
 	lane := s.laneOf(r, body, id)
+	kept := &consumer.Message{Value: body, Time: start, Source: SourceName, Lane: lane, ID: id}
+	if id != "" {
+		// Every delivery of the event is the same message: the provider's
+		// redelivery is its retry.
+		kept.Ref = id
+		kept.Headers = s.copyHeaders(r.Header)
+	} else {
+		// Parked as invalid_key. The same body signed is the same message,
+		// however often it comes and whatever unsigned headers it brings:
+		// named by the body, without headers, it is folded into one parked
+		// row, so that a captured delivery cannot fill the parked table.
+		kept.Ref = BodyID(body)
+	}
+	if err := s.redact(kept); err != nil {
+		s.log.Error("webhook: Config.Redact panicked; the request is answered 500 and nothing of it is kept", "remote", r.RemoteAddr, "path", r.URL.Path, "err", err)
+		done(http.StatusInternalServerError, ResultFailed, 0, err)
+		return
+	}
 
-	dl, attempt, err := s.enqueue(r, lane, id, body, start)
+	dl, attempt, err := s.enqueue(r, kept)
 	d.Attempt = attempt
 	if err != nil {
 		if r.Context().Err() != nil {
@@ -164,6 +174,9 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	select {
 	case a := <-dl.answer:
+		if a.attempt > 0 {
+			d.Attempt = a.attempt
+		}
 		done(a.status, a.result, a.retryAfter, a.err)
 		return
 	case <-r.Context().Done():
@@ -182,12 +195,16 @@ func (s *Source) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// Fetched: its outcome is coming; wait for it, to report it.
 	a := <-dl.answer
+	if a.attempt > 0 {
+		d.Attempt = a.attempt
+	}
 	done(a.status, a.result, a.retryAfter, a.err)
 }
 
 // enqueue files the request's message under its lane and returns the
 // delivery to wait on, with the message's attempt number.
-func (s *Source) enqueue(r *http.Request, lane, id string, body []byte, at time.Time) (*delivery, int, error) {
+func (s *Source) enqueue(r *http.Request, m *consumer.Message) (*delivery, int, error) {
+	lane, id := m.Lane, m.ID
 	n, err := s.lanes.Reserve(r.Context(), lane, 1)
 	if err != nil {
 		if errors.Is(err, consumer.ErrLanesClosed) {
@@ -209,17 +226,8 @@ func (s *Source) enqueue(r *http.Request, lane, id string, body []byte, at time.
 		attempt = s.tries.next(id)
 	}
 	dl := &delivery{id: id, answer: make(chan answer, 1)}
-	m := &consumer.Message{
-		Value:      body,
-		Headers:    s.copyHeaders(r.Header),
-		Time:       at,
-		Source:     SourceName,
-		Lane:       lane,
-		Ref:        s.instance + "-" + strconv.FormatUint(s.seq.Add(1), 10),
-		Attempt:    attempt,
-		ID:         id,
-		SourceData: dl,
-	}
+	m.Attempt = attempt
+	m.SourceData = dl
 	if !s.lanes.Add(lane, m) {
 		if id != "" {
 			s.tries.undo(id)
@@ -228,34 +236,6 @@ func (s *Source) enqueue(r *http.Request, lane, id string, body []byte, at time.
 	}
 	s.queued[dl] = struct{}{}
 	return dl, attempt, nil
-}
-
-// copyHeaders returns the request headers kept in Message.Headers, by name
-// and in the order of their values.
-func (s *Source) copyHeaders(h http.Header) []consumer.Header {
-	var out []consumer.Header
-	add := func(name string) {
-		for _, v := range h[name] {
-			out = append(out, consumer.Header{Key: name, Value: []byte(v)})
-		}
-	}
-	if s.headers != nil {
-		for _, name := range s.headers {
-			add(name)
-		}
-		return out
-	}
-	names := make([]string, 0, len(h))
-	for name := range h {
-		if !slices.Contains(deniedHeaders, name) {
-			names = append(names, name)
-		}
-	}
-	slices.Sort(names)
-	for _, name := range names {
-		add(name)
-	}
-	return out
 }
 
 // reply writes a short plain-text answer.

@@ -2,19 +2,19 @@ package webhook
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/dedupe"
 )
 
 // ErrClosed is returned by Fetch after Close. It also matches
@@ -34,10 +34,11 @@ type Source struct {
 	lanes    *consumer.Lanes
 	laneName []string // the default lanes' names
 	tries    *attempts
-	instance string // tells this Source's Refs from another's
-	seq      atomic.Uint64
-	rr       atomic.Uint64 // spreads requests without an ID over the default lanes
-	headers  []string      // canonical names of Config.Headers
+	store    *attemptStore    // Config.DB's attempt counts, or nil
+	headers  []string         // canonical names of Config.Headers
+	signed   SignedIDVerifier // Config.Verifier, when it is one
+	signedH  []string         // its SignedHeaders, canonical
+	idWarned atomic.Bool      // the warning that Config.ID was replaced was logged
 
 	mu       sync.Mutex
 	closed   bool
@@ -52,6 +53,7 @@ type Source struct {
 var (
 	_ consumer.Source        = (*Source)(nil)
 	_ consumer.HorizonSource = (*Source)(nil)
+	_ dedupe.Migrator        = (*Source)(nil)
 	_ http.Handler           = (*Source)(nil)
 )
 
@@ -74,6 +76,7 @@ type answer struct {
 	status     int
 	result     Result
 	retryAfter time.Duration
+	attempt    int // Message.Attempt, once the batch was fetched
 	err        error
 }
 
@@ -84,18 +87,16 @@ func New(cfg Config) (*Source, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	var nonce [6]byte
-	if _, err := rand.Read(nonce[:]); err != nil {
-		return nil, fmt.Errorf("webhook: random delivery prefix: %w", err)
-	}
 	s := &Source{
-		cfg:      cfg,
-		log:      cfg.Logger,
-		lanes:    consumer.NewLanes(consumer.LanesConfig{AutoLanes: true, Buffer: cfg.MaxQueued}),
-		tries:    newAttempts(cfg.MaxTracked),
-		instance: hex.EncodeToString(nonce[:]),
-		up:       make(chan struct{}),
-		queued:   map[*delivery]struct{}{},
+		cfg:    cfg,
+		log:    cfg.Logger,
+		lanes:  consumer.NewLanes(consumer.LanesConfig{AutoLanes: true, Buffer: cfg.MaxQueued}),
+		tries:  newAttempts(cfg.MaxTracked),
+		up:     make(chan struct{}),
+		queued: map[*delivery]struct{}{},
+	}
+	if cfg.DB != nil {
+		s.store = newAttemptStore(cfg)
 	}
 	if cfg.Lane == nil {
 		s.laneName = make([]string, cfg.Lanes)
@@ -103,13 +104,48 @@ func New(cfg Config) (*Source, error) {
 			s.laneName[i] = SourceName + "/" + strconv.Itoa(i)
 		}
 	}
+	if cfg.Headers == nil {
+		cfg.Headers = defaultHeaders
+	}
 	for _, h := range cfg.Headers {
-		s.headers = append(s.headers, http.CanonicalHeaderKey(h))
+		if h := http.CanonicalHeaderKey(h); !slices.Contains(s.headers, h) {
+			s.headers = append(s.headers, h)
+		}
+	}
+	if sv, ok := cfg.Verifier.(SignedIDVerifier); ok {
+		s.signed = sv
+		for _, h := range sv.SignedHeaders() {
+			s.signedH = append(s.signedH, http.CanonicalHeaderKey(h))
+		}
 	}
 	if _, ok := cfg.Verifier.(unverified); ok {
 		s.log.Warn("webhook: requests are not verified (webhook.Unverified): anyone who can reach the endpoint can deliver events")
 	}
 	return s, nil
+}
+
+// writeAttempts stores the counts of a settled batch (Config.DB). A
+// failure is logged: the counts of this process go on in memory.
+func (s *Source) writeAttempts(ctx context.Context, ack []*consumer.Message, retry []consumer.Retry) {
+	retried := make([]*consumer.Message, len(retry))
+	for i, r := range retry {
+		retried[i] = r.Message
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	defer cancel()
+	if err := s.store.write(ctx, ack, retried); err != nil {
+		s.log.Warn("webhook: attempt counts could not be stored; the failed events are counted by this process alone", "err", err)
+	}
+}
+
+// Migrations returns the migration line of the attempts table when
+// Config.DB is set (dedupe.Migrator), so that the consumer's Migrate
+// creates it; none otherwise.
+func (s *Source) Migrations() []dedupe.Line {
+	if s.store == nil {
+		return nil
+	}
+	return []dedupe.Line{s.store.line}
 }
 
 // RedeliveryHorizon returns Config.RedeliveryHorizon
@@ -177,6 +213,11 @@ func (s *Source) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
 			delete(s.queued, m.SourceData.(*delivery))
 		}
 		s.mu.Unlock()
+		if s.store != nil {
+			if err := s.store.load(ctx, kept); err != nil {
+				s.log.Warn("webhook: stored attempt counts could not be read; this batch's deliveries are counted by this process alone", "lane", b.Lane, "err", err)
+			}
+		}
 		b.SourceData = s
 		s.noteFetchEnd(ctx, true)
 		return b, nil
@@ -187,7 +228,7 @@ func (s *Source) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
 // (applied, duplicate or parked, committed), 500 for the retried ones (the
 // provider's redelivery is the retry), 503 for the abandoned ones. It
 // returns nil, also for a batch settled already.
-func (s *Source) Settle(_ context.Context, b *consumer.Batch, ack []*consumer.Message, retry []consumer.Retry) error {
+func (s *Source) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.Message, retry []consumer.Retry) error {
 	if src, ok := b.SourceData.(*Source); !ok || src != s {
 		return errors.New("webhook: Settle: batch did not come from this source")
 	}
@@ -203,16 +244,19 @@ func (s *Source) Settle(_ context.Context, b *consumer.Batch, ack []*consumer.Me
 	for _, r := range retry {
 		retried[r.Message] = r.Delay
 	}
+	if s.store != nil {
+		s.writeAttempts(ctx, ack, retry)
+	}
 	for _, m := range b.Messages {
 		d := m.SourceData.(*delivery)
 		var a answer
 		if acked[m] {
-			a = answer{status: http.StatusOK, result: ResultAccepted}
+			a = answer{status: http.StatusOK, result: ResultAccepted, attempt: m.Attempt}
 			if d.id != "" {
 				s.tries.forget(d.id)
 			}
 		} else if delay, ok := retried[m]; ok {
-			a = answer{status: http.StatusInternalServerError, result: ResultFailed, retryAfter: delay,
+			a = answer{status: http.StatusInternalServerError, result: ResultFailed, retryAfter: delay, attempt: m.Attempt,
 				err: errors.New("webhook: the handler failed; the provider's redelivery is the retry")}
 		} else {
 			// Abandoned (the consumer stopped): no attempt was spent.
@@ -319,7 +363,7 @@ func (s *Source) laneOf(r *http.Request, body []byte, id string) string {
 		return SourceName
 	}
 	if id == "" {
-		return s.laneName[s.rr.Add(1)%uint64(len(s.laneName))]
+		id = BodyID(body) // repeats of one body share a lane
 	}
 	h := fnv.New32a()
 	h.Write([]byte(id))

@@ -17,6 +17,25 @@ type Verifier interface {
 	Verify(r *http.Request, body []byte) error
 }
 
+// SignedIDVerifier is a Verifier that can also name each verified request's
+// event by what its signature covers, so that a captured delivery sent
+// again with other unsigned headers is still the same event. GitHubVerifier
+// (a hash of the body, the only thing its signature covers) and
+// StandardVerifier (the webhook-id header, which its signature covers) are
+// SignedIDVerifiers; the source asks New once whether a Verifier is one
+// (see Config.ID).
+type SignedIDVerifier interface {
+	Verifier
+	// SignedID returns the event ID of a request Verify accepted, derived
+	// only from what the signature covers. Two requests with the same ID
+	// carry the same signed content.
+	SignedID(r *http.Request, body []byte) (string, error)
+	// SignedHeaders returns the canonical names of the request headers
+	// the signature covers besides the body; none for a signature over
+	// the body alone.
+	SignedHeaders() []string
+}
+
 // VerifierFunc is a function that is a Verifier.
 type VerifierFunc func(r *http.Request, body []byte) error
 
