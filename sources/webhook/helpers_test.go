@@ -53,11 +53,21 @@ type env struct {
 // consumer is not started: see start.
 func newEnv(t *testing.T, wcfg webhook.Config, ccfg consumer.Config) *env {
 	t.Helper()
+	return newEnvWith(t, wcfg, ccfg, nil)
+}
+
+// newEnvWith is newEnv with the pool's configuration changed by configure
+// (its dialer, say), when configure is not nil.
+func newEnvWith(t *testing.T, wcfg webhook.Config, ccfg consumer.Config, configure func(*pgxpool.Config)) *env {
+	t.Helper()
 	pcfg, err := pgxpool.ParseConfig(pgtest.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	pcfg.MaxConns = 12 // the consumer's batches and the test's checks
+	if configure != nil {
+		configure(pcfg)
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
 	if err != nil {
 		t.Fatal(err)
