@@ -20,7 +20,7 @@ const MaxJSONDepth = 64
 var (
 	// errJSONTooDeep: the document nests arrays and objects deeper than
 	// MaxJSONDepth.
-	errJSONTooDeep = errors.New("nested deeper than the limit")
+	errJSONTooDeep = errors.New("nested too deep")
 	// errJSONDuplicate: an object names a member twice.
 	errJSONDuplicate = errors.New("member named twice")
 )
@@ -215,7 +215,7 @@ func (c *canonicalizer) digits() int {
 func (c *canonicalizer) open() error {
 	c.depth++
 	if c.depth > MaxJSONDepth {
-		return fmt.Errorf("%w: arrays and objects nested deeper than %d, at offset %d", errJSONTooDeep, MaxJSONDepth, c.pos)
+		return fmt.Errorf("%w: more than %d arrays and objects inside one another, at offset %d", errJSONTooDeep, MaxJSONDepth, c.pos)
 	}
 	return nil
 }

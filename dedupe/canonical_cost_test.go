@@ -214,7 +214,7 @@ func TestCanonicalJSONDepthLimit(t *testing.T) {
 	for _, levels := range []int{MaxJSONDepth + 1, 999, 100000} {
 		for name, doc := range nest(levels) {
 			_, err := CanonicalJSON([]byte(doc))
-			if !errors.Is(err, errJSONTooDeep) || !strings.Contains(err.Error(), "nested deeper than 64") {
+			if !errors.Is(err, errJSONTooDeep) || !strings.Contains(err.Error(), "nested too deep: more than 64 arrays and objects") {
 				t.Errorf("%s nested %d levels: %v, want an error for nesting deeper than %d", name, levels, err, MaxJSONDepth)
 			}
 		}
