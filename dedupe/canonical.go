@@ -23,6 +23,9 @@ var (
 	errJSONTooDeep = errors.New("nested too deep")
 	// errJSONDuplicate: an object names a member twice.
 	errJSONDuplicate = errors.New("member named twice")
+	// errJSONTooLarge: the document or its canonical form is over 2 GiB,
+	// past what the member offsets hold.
+	errJSONTooLarge = fmt.Errorf("document or canonical form over %d bytes", math.MaxInt32)
 )
 
 // CanonicalJSON returns doc in a canonical form, for fingerprints that a
@@ -35,8 +38,8 @@ var (
 //
 // It returns an error for what is not one JSON value (as encoding/json's
 // Valid decides), for an object that names a member twice (whose meaning
-// JSON leaves open), and for arrays and objects nested deeper than
-// MaxJSONDepth.
+// JSON leaves open), for arrays and objects nested deeper than
+// MaxJSONDepth, and for a document (or canonical form) over 2 GiB.
 //
 // Its cost is bounded by the size of doc, whatever the shape: one pass
 // over the bytes; each object's members are sorted once (O(k log k) for k
@@ -46,7 +49,7 @@ var (
 // doc.
 func CanonicalJSON(doc []byte) ([]byte, error) {
 	if len(doc) > math.MaxInt32 {
-		return nil, fmt.Errorf("dedupe: canonical JSON: %d bytes, over the limit of %d", len(doc), math.MaxInt32)
+		return nil, fmt.Errorf("dedupe: canonical JSON: %w", errJSONTooLarge)
 	}
 	c := canonicalizer{in: doc, out: make([]byte, 0, len(doc))}
 	c.skipSpace()
@@ -290,6 +293,9 @@ func (c *canonicalizer) object() error {
 		c.skipSpace()
 		if err := c.value(); err != nil {
 			return err
+		}
+		if len(c.out) > math.MaxInt32 {
+			return errJSONTooLarge
 		}
 		m.end = int32(len(c.out))
 		if n := len(c.members); n > base {

@@ -2,6 +2,7 @@ package dedupe
 
 import (
 	"bytes"
+	"math"
 	"slices"
 	"strings"
 	"unicode"
@@ -91,6 +92,9 @@ func (c *canonicalizer) memberKey(m *member) error {
 	}
 	off := len(c.keys)
 	c.keys = appendUnquoted(c.keys, raw)
+	if len(c.keys) > math.MaxInt32 {
+		return errJSONTooLarge
+	}
 	m.koff, m.klen = int32(-off-1), int32(len(c.keys)-off)
 	// Only such a key can make the output longer than the input (up to six
 	// times, an invalid byte or a < written as a \u escape); grow it by
