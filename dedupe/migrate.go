@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"path"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -63,7 +65,14 @@ var migrationFile = regexp.MustCompile(`^(\d+)_([a-z0-9_]+)\.sql$`)
 var placeholder = regexp.MustCompile(`\{\{([a-z_]+)\}\}`)
 
 // Render returns the line's migrations in order, with identifiers quoted for schema.
+// It returns an error when the schema, an identifier of Idents or the
+// line's Name holds a character ValidateIdentifier refuses (a control
+// character, say): such a name could not be shown in a script's comments
+// or read back as what it is.
 func (l Line) Render(schema string) ([]Migration, error) {
+	if err := l.checkNames(schema); err != nil {
+		return nil, err
+	}
 	entries, err := fs.ReadDir(l.FS, ".")
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: reading migrations of %s: %w", l.Name, err)
@@ -102,6 +111,35 @@ func (l Line) Render(schema string) ([]Migration, error) {
 	return out, nil
 }
 
+// checkNames checks the names l writes into SQL by ValidateIdentifier's
+// rule, their length aside: a longer name was always truncated by the
+// server, and refusing it now would strand the tables made with it.
+func (l Line) checkNames(schema string) error {
+	if err := printable(l.Name); err != nil {
+		return fmt.Errorf("dedupe: migration line name: %w", err)
+	}
+	if err := printable(schema); err != nil {
+		return fmt.Errorf("dedupe: migration line %s: schema: %w", l.Name, err)
+	}
+	for _, k := range slices.Sorted(maps.Keys(l.Idents)) {
+		if err := printable(l.Idents[k]); err != nil {
+			return fmt.Errorf("dedupe: migration line %s: {{%s}}: %w", l.Name, k, err)
+		}
+	}
+	return nil
+}
+
+// checkLines checks every name lines and schema write into SQL, before
+// anything is written or run.
+func checkLines(schema string, lines []Line) error {
+	for _, l := range lines {
+		if err := l.checkNames(schema); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Migrate applies the migrations of lines that are not yet applied, in one
 // transaction, holding an advisory lock so that processes starting together
 // do not race. It creates schema and its migrations table when missing.
@@ -116,6 +154,9 @@ func (l Line) Render(schema string) ([]Migration, error) {
 func Migrate(ctx context.Context, db DB, schema string, lines ...Line) ([]Migration, error) {
 	if schema == "" {
 		schema = DefaultSchema
+	}
+	if err := checkLines(schema, lines); err != nil {
+		return nil, err
 	}
 	p, err := CheckPooling(ctx, db)
 	if err != nil {
@@ -203,6 +244,9 @@ func PendingMigrations(ctx context.Context, db DB, schema string, lines ...Line)
 	if schema == "" {
 		schema = DefaultSchema
 	}
+	if err := checkLines(schema, lines); err != nil {
+		return nil, err
+	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: pending migrations: %w", err)
@@ -255,10 +299,16 @@ CREATE TABLE IF NOT EXISTS ` + t + ` (
 
 // MigrationSQL renders every migration of lines as one script a DBA can
 // review and run by hand; it records each version in the migrations table
-// just as Migrate does, so Migrate later skips them.
+// just as Migrate does, so Migrate later skips them. Like Migrate, it
+// refuses a schema, identifier or line name holding a character
+// ValidateIdentifier refuses; every name it writes is quoted as an
+// identifier or a literal, or shown in a comment that no name can end.
 func MigrationSQL(schema string, lines ...Line) (string, error) {
 	if schema == "" {
 		schema = DefaultSchema
+	}
+	if err := checkLines(schema, lines); err != nil {
+		return "", err
 	}
 	var b strings.Builder
 	b.WriteString("BEGIN;\n\n")
@@ -278,7 +328,7 @@ func MigrationSQL(schema string, lines ...Line) (string, error) {
 			if !strings.HasSuffix(body, ";") {
 				body += "\n;" // a last statement without one (or a comment) ends here
 			}
-			fmt.Fprintf(&b, "\n-- %s %03d_%s\n%s\n", m.Line, m.Version, m.Name, body)
+			fmt.Fprintf(&b, "\n-- %s %03d_%s\n%s\n", commentText(m.Line), m.Version, commentText(m.Name), body)
 			fmt.Fprintf(&b, "INSERT INTO %s (line, version, name) VALUES (%s, %d, %s) ON CONFLICT DO NOTHING;\n",
 				table, quoteLiteral(m.Line), m.Version, quoteLiteral(m.Name))
 		}
@@ -287,6 +337,27 @@ func MigrationSQL(schema string, lines ...Line) (string, error) {
 	return b.String(), nil
 }
 
+// quoteLiteral quotes s as a SQL string literal that reads the same
+// whatever standard_conforming_strings says: when s holds a backslash, as
+// an escape string (E'…') with the backslashes doubled, as PostgreSQL's
+// quote_literal writes it; a plain '…' would let a backslash escape the
+// closing quote where the setting is off.
 func quoteLiteral(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+	q := strings.ReplaceAll(s, "'", "''")
+	if strings.Contains(s, `\`) {
+		return "E'" + strings.ReplaceAll(q, `\`, `\\`) + "'"
+	}
+	return "'" + q + "'"
+}
+
+// commentText is s as it may stand in a -- comment: as it is when every
+// character is printable, else quoted with Go's escapes (strconv.Quote), so
+// that no newline or carriage return, which end the comment, and no
+// invisible character reaches the script. It keeps a comment a comment
+// whatever the names checked before it.
+func commentText(s string) string {
+	if printable(s) != nil {
+		return strconv.Quote(s)
+	}
+	return s
 }
