@@ -2,6 +2,8 @@ module github.com/effectively-once/effectively/cmd/effectively
 
 go 1.26.0
 
+toolchain go1.26.8
+
 // The core and cli are named at a placeholder version and replaced with
 // this tree (below) until they are tagged. A release names their tagged
 // versions here and drops the replace directives: go install of this
