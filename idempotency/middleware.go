@@ -257,6 +257,7 @@ func (m *Middleware) run(ctx context.Context, w http.ResponseWriter, r *http.Req
 	}
 	if err != nil {
 		if pgerr.Classify(err) == pgerr.Lost {
+			tx.rollback(ctx) // gives the lost connection back to be discarded
 			return m.resolve(ctx, w, k, resp, rec.header, err)
 		}
 		return m.writeFailure(w, k, fmt.Errorf("commit: %w", err))

@@ -8,6 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/effectively-once/effectively/internal/pgerr"
 )
 
 // A request's transaction costs the middleware two round trips beyond the
@@ -122,6 +124,12 @@ func (t *keyTx) commitWith(ctx context.Context, sql string, args ...any) error {
 	br := t.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
+		if pgerr.CommitUnknown(err) {
+			// No answer to the INSERT: the COMMIT went out with it, and
+			// may have committed.
+			t.ended = true
+			return err
+		}
 		return &errStore{err} // rollback ends the failed transaction
 	}
 	_, err := br.Exec()
