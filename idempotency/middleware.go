@@ -195,6 +195,10 @@ func (m *Middleware) run(ctx context.Context, w http.ResponseWriter, r *http.Req
 		m.problem(w, http.StatusBadRequest, "Invalid idempotency key", err.Error())
 		return consumer.OutcomeRetried, err
 	}
+	if inFlight(err) { // the lock, sent with the claim, is held
+		rollback()
+		return m.held(ctx, w, k)
+	}
 	if err != nil {
 		return m.ownFailure(w, k, "claim", err)
 	}
