@@ -108,7 +108,9 @@ type Config struct {
 	// a batch of one message: BatchStart (consumer.BatchStartHook) before
 	// its transaction, BatchDone and MessageDone (consumer.MessageHook)
 	// when it is answered, so the Prometheus and OpenTelemetry adapters of
-	// the consumer serve it unchanged. Defaults to none.
+	// the consumer serve it unchanged; RequestOf gives them the HTTP
+	// request (method, route, status, replayed), from which effotel makes
+	// an HTTP server span. Defaults to none.
 	Hooks []consumer.Hook
 	// Logger receives errors (a response over the size limit, a failed
 	// sweep). Defaults to warnings and errors on stderr.

@@ -164,7 +164,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.problem(w, http.StatusBadRequest, "Invalid idempotency scope", err.Error())
 		return
 	}
-	sp := m.begin(r.Context(), r, k, body)
+	ctx := r.Context()
+	var info *Request
+	sw := &statusWriter{ResponseWriter: w}
+	if len(m.hooks.all) > 0 {
+		info, ctx = newRequestInfo(r)
+		w = sw
+	}
+	sp := m.begin(ctx, r, k, body)
 	defer func() {
 		if p := recover(); p != nil {
 			// run's deferred rollback has run: no key is left behind.
@@ -173,6 +180,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 	}()
 	o, err := m.run(sp.ctx, w, r, next, k, body)
+	if info != nil {
+		info.Status = sw.status
+		info.Replayed = w.Header().Get(ReplayedHeader) == "true"
+	}
 	m.end(sp, o, err)
 }
 
