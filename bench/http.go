@@ -17,10 +17,11 @@ import (
 )
 
 // The HTTP benchmark: requests per second through the idempotency
-// middleware against the same handler without it. Both handlers write one
-// row per request; the bare one in a transaction of its own, the wrapped
-// one in the request's transaction, where the middleware also claims the
-// key and stores the response.
+// middleware against the same handler without it, and against the same
+// handler with a hand-written key table (http_hand.go). Each handler
+// writes one row per request; the bare one in a transaction of its own,
+// the wrapped one in the request's transaction, where the middleware also
+// claims the key and stores the response.
 
 const httpTable = `CREATE TABLE IF NOT EXISTS http_payments (
     id     bigserial PRIMARY KEY,
@@ -29,11 +30,12 @@ const httpTable = `CREATE TABLE IF NOT EXISTS http_payments (
     payee  text   NOT NULL
 )`
 
-// SetupHTTP creates the benchmark's table and the middleware's tables
-// (idset markers and stored responses) in pool's database, and returns
-// the middleware.
+// SetupHTTP creates the benchmark's tables, the hand-written key table and
+// the middleware's tables (idset markers and stored responses) in pool's
+// database, and returns the middleware. The benchmark has one caller, so
+// the middleware is single-tenant, as the hand-written table is.
 func SetupHTTP(ctx context.Context, pool *pgxpool.Pool) (*idempotency.Middleware, error) {
-	mw, err := idempotency.New(pool, idempotency.Config{})
+	mw, err := idempotency.New(pool, idempotency.Config{SingleTenant: true})
 	if err != nil {
 		return nil, err
 	}
@@ -43,12 +45,15 @@ func SetupHTTP(ctx context.Context, pool *pgxpool.Pool) (*idempotency.Middleware
 	if _, err := pool.Exec(ctx, httpTable); err != nil {
 		return nil, err
 	}
+	if _, err := pool.Exec(ctx, httpKeysTable); err != nil {
+		return nil, err
+	}
 	return mw, ResetHTTP(ctx, pool)
 }
 
-// ResetHTTP empties the benchmark's table, markers and responses.
+// ResetHTTP empties the benchmark's tables, markers and responses.
 func ResetHTTP(ctx context.Context, pool *pgxpool.Pool) error {
-	_, err := pool.Exec(ctx, `TRUNCATE http_payments, effectively.processed, effectively.idempotency_responses`)
+	_, err := pool.Exec(ctx, `TRUNCATE http_payments, http_keys, effectively.processed, effectively.idempotency_responses`)
 	return err
 }
 

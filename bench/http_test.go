@@ -9,8 +9,9 @@ import (
 	"github.com/effectively-once/effectively/pgtest"
 )
 
-// TestHTTPLoad runs the HTTP benchmark's two handlers small: every request
-// answered 201 and one row written per request, bare and under the
+// TestHTTPLoad runs the HTTP benchmark's three handlers small: every
+// request answered 201 and one row written per request, bare, with the
+// hand-written key table (one key row per request) and under the
 // middleware (which also stores one response per request).
 func TestHTTPLoad(t *testing.T) {
 	t.Parallel()
@@ -26,6 +27,7 @@ func TestHTTPLoad(t *testing.T) {
 		responses int
 	}{
 		{"bare", httptest.NewServer(bench.BareHandler(pool)), 0},
+		{"hand-written", httptest.NewServer(bench.HandWrittenHandler(pool)), 200},
 		{"middleware", httptest.NewServer(bench.IdempotentHandler(mw)), 200},
 	} {
 		defer v.srv.Close()
@@ -36,7 +38,8 @@ func TestHTTPLoad(t *testing.T) {
 			t.Fatalf("%s: %v", v.name, err)
 		}
 		var rows, responses int
-		if err := pool.QueryRow(ctx, `SELECT (SELECT count(DISTINCT key) FROM http_payments), (SELECT count(*) FROM effectively.idempotency_responses)`).Scan(&rows, &responses); err != nil {
+		if err := pool.QueryRow(ctx, `SELECT (SELECT count(DISTINCT key) FROM http_payments),
+    (SELECT count(*) FROM effectively.idempotency_responses) + (SELECT count(*) FROM http_keys WHERE status = 201)`).Scan(&rows, &responses); err != nil {
 			t.Fatal(err)
 		}
 		if rows != 200 || responses != v.responses {

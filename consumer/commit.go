@@ -46,14 +46,15 @@ func (e *commitError) Error() string {
 
 func (e *commitError) Unwrap() error { return e.err }
 
-// classifyCommit decides what a COMMIT's error means (pgerr.CommitUnknown
-// is the one rule, shared with the Idempotency-Key middleware).
+// classifyCommit decides what a COMMIT's error means, by the one rule the
+// Idempotency-Key middleware shares (pgerr.Classify). The consumer owns no
+// table a COMMIT can be refused on (its claims do not raise on a
+// conflict), so every refusal is the batch's writes.
 func classifyCommit(err error) *commitError {
-	var pe *pgconn.PgError
-	switch {
-	case pgerr.CommitUnknown(err):
+	switch pgerr.Classify(err) {
+	case pgerr.Lost:
 		return &commitError{kind: commitUnknown, err: err}
-	case errors.As(err, &pe) && pgerr.Transient(pe.Code):
+	case pgerr.Passing:
 		return &commitError{kind: commitTransient, err: err}
 	default:
 		return &commitError{kind: commitRefused, err: err}

@@ -16,7 +16,7 @@ import (
 
 func TestReplay(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, idempotency.Config{}, nil)
+	e := newEnv(t, idempotency.Config{SingleTenant: true}, nil)
 	first := e.post(t, "k1", `{"amount":500,"to":"acct_9"}`)
 	wantStatus(t, first, http.StatusCreated)
 	if first.header.Get(idempotency.ReplayedHeader) != "" || first.header.Get("X-Not-Stored") != "1" {
@@ -45,7 +45,7 @@ func TestReplay(t *testing.T) {
 
 func TestMismatch(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, idempotency.Config{}, nil)
+	e := newEnv(t, idempotency.Config{SingleTenant: true}, nil)
 	wantStatus(t, e.post(t, "k1", `{"amount":500,"to":"acct_9"}`), http.StatusCreated)
 	r := e.post(t, "k1", `{"amount":501,"to":"acct_9"}`)
 	wantStatus(t, r, http.StatusUnprocessableEntity)
@@ -59,7 +59,7 @@ func TestMismatch(t *testing.T) {
 
 func TestBadRequests(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, idempotency.Config{}, nil)
+	e := newEnv(t, idempotency.Config{SingleTenant: true}, nil)
 	cases := []struct {
 		name, key, body string
 		hdr             []string
@@ -89,7 +89,7 @@ func TestBadRequests(t *testing.T) {
 func TestOptional(t *testing.T) {
 	t.Parallel()
 	var sawTx bool
-	e := newEnv(t, idempotency.Config{Optional: true}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	e := newEnv(t, idempotency.Config{SingleTenant: true, Optional: true}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sawTx = idempotency.Tx(r.Context()) != nil
 		w.WriteHeader(http.StatusNoContent)
 	}))
@@ -104,7 +104,7 @@ func TestOptional(t *testing.T) {
 // stored and replayed with its writes committed.
 func TestFinalRule(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, idempotency.Config{}, nil)
+	e := newEnv(t, idempotency.Config{SingleTenant: true}, nil)
 	wantStatus(t, e.post(t, "k1", `{"amount":-5,"to":"acct_9"}`), http.StatusBadRequest)
 	if n, s, m := e.count(t, "true"), e.stored(t), e.markers(t); n+s+m != 0 {
 		t.Fatalf("after a 400: %d payments, %d responses, %d markers", n, s, m)
@@ -155,7 +155,7 @@ func TestTenantIsolation(t *testing.T) {
 func TestResponseTooLarge(t *testing.T) {
 	t.Parallel()
 	big := false
-	e := newEnv(t, idempotency.Config{MaxResponseBytes: 100}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	e := newEnv(t, idempotency.Config{SingleTenant: true, MaxResponseBytes: 100}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		paymentsHandler(w, r)
 		if big {
 			w.Write(bytes.Repeat([]byte(" "), 100))
@@ -177,11 +177,11 @@ func TestStrategyRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	pool := pgtest.NewPool(t)
-	_, err = idempotency.New(pool, idempotency.Config{Strategy: hw})
+	_, err = idempotency.New(pool, idempotency.Config{SingleTenant: true, Strategy: hw})
 	if !errors.Is(err, dedupe.ErrInvalidConfig) || !strings.Contains(err.Error(), "highwater") {
 		t.Fatalf("New with highwater: %v", err)
 	}
-	for _, cfg := range []idempotency.Config{{Name: "a/b"}, {MaxKeyLen: 100000}, {Header: "Bad Header"}, {Table: strings.Repeat("t", 60)}} {
+	for _, cfg := range []idempotency.Config{{SingleTenant: true, Name: "a/b"}, {SingleTenant: true, MaxKeyLen: 100000}, {SingleTenant: true, Header: "Bad Header"}, {SingleTenant: true, Table: strings.Repeat("t", 60)}} {
 		if _, err := idempotency.New(pool, cfg); !errors.Is(err, dedupe.ErrInvalidConfig) {
 			t.Errorf("New(%+v): %v, want a config error", cfg, err)
 		}
@@ -196,7 +196,7 @@ func TestKeyOverStrategyLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newEnv(t, idempotency.Config{Strategy: s}, nil)
+	e := newEnv(t, idempotency.Config{SingleTenant: true, Strategy: s}, nil)
 	r := e.post(t, strings.Repeat("k", 41), `{"amount":1,"to":"x"}`)
 	wantStatus(t, r, http.StatusBadRequest)
 	if n := e.count(t, "true"); n != 0 {
@@ -208,7 +208,7 @@ func TestKeyOverStrategyLimit(t *testing.T) {
 // like any other: with an empty body.
 func TestEmptyBodyStored(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, idempotency.Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	e := newEnv(t, idempotency.Config{SingleTenant: true}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if _, err := idempotency.Tx(r.Context()).Exec(r.Context(),
 			`INSERT INTO payments (scope, key, amount, recipient) VALUES ('s', 'k1', 1, 'r')`); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,9 +32,9 @@ const (
 	RetentionMargin = time.Hour
 )
 
-// Config configures a Middleware. The zero value is usable: idset markers
-// and the responses table in the "effectively" schema, a key required on
-// every wrapped route, one scope for all requests.
+// Config configures a Middleware. Scope (or SingleTenant) must be set;
+// every other field has a default: idset markers and the responses table
+// in the "effectively" schema, a key required on every wrapped route.
 type Config struct {
 	// Name names the middleware in hooks, metrics and logs (the Consumer of
 	// the consumer.BatchInfo it reports) and prefixes every scope, so that
@@ -45,12 +46,19 @@ type Config struct {
 	// refused by New. Defaults to an idset.Strategy with its defaults (see
 	// DefaultStrategy).
 	Strategy dedupe.Strategy
-	// Scope returns the tenant a request belongs to (the authenticated
-	// account, say): keys of two tenants never collide, and one tenant's
-	// response is never replayed to another. An error answers the request
-	// 400 with the error's text, and nothing runs: put authentication in
-	// front of the middleware. Defaults to nil: one scope for all requests.
+	// Scope returns the principal a request is made by (the authenticated
+	// account or tenant, taken from what authentication established, never
+	// from a header the client chooses): keys of two principals never
+	// collide, and one principal's stored response is never replayed to
+	// another. An error answers the request 400 with the error's text, and
+	// nothing runs: put authentication in front of the middleware. New
+	// refuses a Config with neither Scope nor SingleTenant.
 	Scope func(*http.Request) (string, error)
+	// SingleTenant declares that every request with a key may be answered
+	// with any other's stored response: one scope for all requests, for a
+	// service with a single caller (an internal service behind its own
+	// authentication). It must not be set with Scope. Defaults to false.
+	SingleTenant bool
 	// Optional lets requests without a key through to the handler, without
 	// a transaction (Tx returns nil). Defaults to false: a request without
 	// a key gets 400.
@@ -70,7 +78,10 @@ type Config struct {
 	// Defaults to 1 MiB.
 	MaxResponseBytes int
 	// Headers are the response headers stored and replayed besides
-	// Content-Type and Location (which always are). Defaults to none.
+	// Content-Type and Location (which always are). Headers that carry
+	// credentials (Set-Cookie, Authorization, WWW-Authenticate and the
+	// like; see CredentialHeaders) are refused by New: a replay would hand
+	// them to whoever holds the key. Defaults to none.
 	Headers []string
 	// RetryAfter is the Retry-After sent with a 409 (the key's first
 	// request is still running) or a 503 (a transient database failure).
@@ -97,11 +108,21 @@ type Config struct {
 	// a batch of one message: BatchStart (consumer.BatchStartHook) before
 	// its transaction, BatchDone and MessageDone (consumer.MessageHook)
 	// when it is answered, so the Prometheus and OpenTelemetry adapters of
-	// the consumer serve it unchanged. Defaults to none.
+	// the consumer serve it unchanged; RequestOf gives them the HTTP
+	// request (method, route, status, replayed), from which effotel makes
+	// an HTTP server span. Defaults to none.
 	Hooks []consumer.Hook
 	// Logger receives errors (a response over the size limit, a failed
 	// sweep). Defaults to warnings and errors on stderr.
 	Logger *slog.Logger
+}
+
+// CredentialHeaders are the response headers Config.Headers must not
+// name: they carry credentials or authentication challenges of the
+// caller the response was made for.
+var CredentialHeaders = []string{
+	"Set-Cookie", "Set-Cookie2", "Cookie", "Authorization", "Proxy-Authorization",
+	"Www-Authenticate", "Proxy-Authenticate", "Authentication-Info", "Proxy-Authentication-Info",
 }
 
 func (c Config) withDefaults() Config {
@@ -170,9 +191,18 @@ func (c Config) validate() error {
 	case c.SweepInterval < 0:
 		return bad("SweepInterval", "must not be negative, got %v", c.SweepInterval)
 	}
+	switch {
+	case c.Scope == nil && !c.SingleTenant:
+		return bad("Scope", "must be set to the authenticated principal of a request (or set SingleTenant for a service with one caller): without it one caller's stored response is replayed to another who sends the same key")
+	case c.Scope != nil && c.SingleTenant:
+		return bad("SingleTenant", "must not be set with Scope")
+	}
 	for _, h := range c.Headers {
 		if h == "" || strings.ContainsAny(h, " :\r\n\t") {
 			return bad("Headers", "%q is not a header name", h)
+		}
+		if slices.Contains(CredentialHeaders, http.CanonicalHeaderKey(h)) {
+			return bad("Headers", "%s carries credentials: a stored copy would be replayed to whoever sends the key", http.CanonicalHeaderKey(h))
 		}
 	}
 	return nil

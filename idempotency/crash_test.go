@@ -60,7 +60,7 @@ func (g *gated) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func TestInFlight(t *testing.T) {
 	t.Parallel()
 	g := newGated()
-	e := newGatedEnv(t, idempotency.Config{RetryAfter: 2 * time.Second}, g)
+	e := newGatedEnv(t, idempotency.Config{SingleTenant: true, RetryAfter: 2 * time.Second}, g)
 	body := `{"amount":5,"to":"gate"}`
 	first := make(chan reply, 1)
 	go func() { first <- e.post(t, "k1", body) }()
@@ -92,7 +92,7 @@ func TestInFlight(t *testing.T) {
 func TestCancelMidHandler(t *testing.T) {
 	t.Parallel()
 	g := newGated()
-	e := newGatedEnv(t, idempotency.Config{}, g)
+	e := newGatedEnv(t, idempotency.Config{SingleTenant: true}, g)
 	body := `{"amount":5,"to":"gate"}`
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL+"/payments", bytes.NewBufferString(body))
@@ -129,7 +129,7 @@ func TestPanicMidHandler(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	panics := 1
-	e := newEnv(t, idempotency.Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	e := newEnv(t, idempotency.Config{SingleTenant: true}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		paymentsHandler(w, r)
 		mu.Lock()
 		defer mu.Unlock()

@@ -29,8 +29,9 @@
 //     Structured Field string.
 //   - A body over Config.MaxRequestBytes: 413. A JSON body (by its
 //     Content-Type) that is not valid JSON: 400. Nothing is stored.
-//   - The key's first request still running (the lock is held): 409 with
-//     Retry-After.
+//   - The key's first request still running (the lock is held and no
+//     response is stored): 409 with Retry-After. A completed key whose lock
+//     is held (by a concurrent retry) is replayed, without waiting.
 //   - The key already used with another fingerprint: 422.
 //   - The key already used with the same fingerprint: the stored status,
 //     headers (Content-Type, Location and Config.Headers) and body, byte
@@ -38,10 +39,19 @@
 //   - A new key: the handler's response, after the commit. The first
 //     response carries every header the handler set; replays carry the
 //     stored ones.
-//   - A transient database failure (serialization failure, deadlock,
-//     unique-violation race, connection lost, server shutting down), or a
-//     COMMIT whose outcome is unknown: 503 with Retry-After. Nothing was
-//     stored, or the retry finds what was.
+//   - The handler's writes refused by the database, at a statement or at
+//     COMMIT (a unique, exclusion, foreign key, check or not-null
+//     violation, a trigger's RAISE, a data exception), whether the handler
+//     noticed or not: 422 without Retry-After, nothing stored, so the
+//     client can fix the request and reuse the key.
+//   - A transient database failure (serialization failure, deadlock, a
+//     race between two claims on the middleware's tables, connection lost
+//     before COMMIT, server shutting down): 503 with Retry-After. Nothing
+//     was stored.
+//   - A COMMIT whose connection was lost: its outcome is found out on
+//     another connection once the lost session's lock is free: the
+//     handler's response if it committed, 503 with Retry-After if not, and
+//     503 (reported unknown) only when the database cannot be asked.
 //
 // # What is stored when
 //
@@ -60,8 +70,11 @@
 // {"amount":500,"to":"acct_9"} and { "to": "acct_9", "amount": 500 } are
 // the same request and a changed amount is not.
 //
-// Keys are scoped: Config.Name, then the tenant Config.Scope returns, so
-// one tenant's key never meets another's.
+// Keys are scoped: Config.Name, then the principal Config.Scope returns,
+// so one caller's key never meets another's. Scope is required (New
+// refuses a Config without it) unless SingleTenant declares a service with
+// one caller. Credential headers cannot be stored for replay, and logs
+// name a key by a short hash (key_hash), never in clear.
 //
 // # Operations
 //

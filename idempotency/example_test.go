@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -30,7 +31,17 @@ func Example() {
 	defer pool.Close()
 	_, _ = pool.Exec(ctx, `CREATE TABLE payments (id bigserial PRIMARY KEY, amount bigint NOT NULL)`)
 
-	mw, err := idempotency.New(pool, idempotency.Config{Logger: slog.New(slog.DiscardHandler)})
+	// The scope is the caller as authentication established it (here a
+	// bearer token mapped to its account), never a header the client picks.
+	accounts := map[string]string{"tok_a": "acct_a"}
+	scope := func(r *http.Request) (string, error) {
+		acct, ok := accounts[strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")]
+		if !ok {
+			return "", errors.New("unknown bearer token")
+		}
+		return acct, nil
+	}
+	mw, err := idempotency.New(pool, idempotency.Config{Scope: scope, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -56,6 +67,7 @@ func Example() {
 	post := func(body string) {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer tok_a")
 		req.Header.Set("Idempotency-Key", "order-7")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

@@ -24,7 +24,7 @@ import (
 func TestKilledServerProcess(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.NewPool(t)
-	e := newEnvPool(t, pool, idempotency.Config{}, nil)
+	e := newEnvPool(t, pool, idempotency.Config{SingleTenant: true}, nil)
 
 	child := childtest.Start(t, "TestKilledServerChild", "IDEMPOTENCY_KILL_CHILD="+pool.Config().ConnString())
 	addr := child.Expect("ADDR ")
@@ -75,7 +75,7 @@ func TestKilledServerChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := idempotency.New(pool, idempotency.Config{})
+	mw, err := idempotency.New(pool, idempotency.Config{SingleTenant: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,7 +60,7 @@ func TestLossyClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	e := newEnvPool(t, pool, idempotency.Config{}, nil)
+	e := newEnvPool(t, pool, idempotency.Config{SingleTenant: true}, nil)
 	addr := strings.TrimPrefix(e.srv.URL, "http://")
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4 * workers}}
 	defer client.CloseIdleConnections()

@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/internal/pgerr"
 )
 
 // ReplayedHeader is set to "true" on a response replayed from the store.
@@ -34,7 +36,8 @@ type Middleware struct {
 	hooks   *hooks
 	headers []string // stored response headers, canonical
 	commit  dedupe.Committer
-	retry   string // Retry-After value
+	retry   string      // Retry-After value
+	own     pgerr.Table // the responses table, as errors name it
 }
 
 // DefaultStrategy returns the strategy a Config without one uses: an
@@ -88,6 +91,7 @@ func New(db dedupe.DB, cfg Config) (*Middleware, error) {
 		m.headers = append(m.headers, http.CanonicalHeaderKey(h))
 	}
 	m.commit, _ = cfg.Strategy.(dedupe.Committer)
+	m.own = pgerr.Table{Schema: cfg.Schema, Name: cfg.Table}
 	m.retry = strconv.Itoa(max(1, int((cfg.RetryAfter+time.Second-1)/time.Second)))
 	return m, nil
 }
@@ -160,7 +164,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.problem(w, http.StatusBadRequest, "Invalid idempotency scope", err.Error())
 		return
 	}
-	sp := m.begin(r.Context(), r, k, body)
+	ctx := r.Context()
+	var info *Request
+	sw := &statusWriter{ResponseWriter: w}
+	if len(m.hooks.all) > 0 {
+		info, ctx = newRequestInfo(r)
+		w = sw
+	}
+	sp := m.begin(ctx, r, k, body)
 	defer func() {
 		if p := recover(); p != nil {
 			// run's deferred rollback has run: no key is left behind.
@@ -169,6 +180,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 	}()
 	o, err := m.run(sp.ctx, w, r, next, k, body)
+	if info != nil {
+		info.Status = sw.status
+		info.Replayed = w.Header().Get(ReplayedHeader) == "true"
+	}
 	m.end(sp, o, err)
 }
 
@@ -177,12 +192,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 func (m *Middleware) run(ctx context.Context, w http.ResponseWriter, r *http.Request, next http.Handler, k dedupe.Key, body []byte) (consumer.Outcome, error) {
 	tx, locked, err := m.beginLocked(ctx, lockKey(k.Scope, k.ID))
 	if err != nil {
-		return m.dbFailure(w, "begin", err)
+		return m.ownFailure(w, k, "begin", err)
 	}
 	if !locked {
-		w.Header().Set("Retry-After", m.retry)
-		m.problem(w, http.StatusConflict, "Request in progress", "A request with this idempotency key is still being processed; retry later.")
-		return consumer.OutcomeRetried, ErrInFlight
+		return m.held(ctx, w, k)
 	}
 	defer tx.rollback(ctx) // a panic too; after a commit it only releases the connection
 	rollback := func() { tx.rollback(ctx) }
@@ -193,8 +206,12 @@ func (m *Middleware) run(ctx context.Context, w http.ResponseWriter, r *http.Req
 		m.problem(w, http.StatusBadRequest, "Invalid idempotency key", err.Error())
 		return consumer.OutcomeRetried, err
 	}
+	if inFlight(err) { // the lock, sent with the claim, is held
+		rollback()
+		return m.held(ctx, w, k)
+	}
 	if err != nil {
-		return m.dbFailure(w, "claim", err)
+		return m.ownFailure(w, k, "claim", err)
 	}
 	switch verdicts[0] {
 	case dedupe.VerdictNew:
@@ -202,20 +219,28 @@ func (m *Middleware) run(ctx context.Context, w http.ResponseWriter, r *http.Req
 		return m.replay(ctx, w, tx, k)
 	case dedupe.VerdictMismatch:
 		rollback()
-		m.problem(w, http.StatusUnprocessableEntity, "Idempotency key reused", "This idempotency key was used with a different request (method, path or body).")
+		m.mismatch(w)
 		return consumer.OutcomeMismatch, nil
 	default:
-		return m.dbFailure(w, "claim", fmt.Errorf("strategy %s answered %v for an idempotency key", m.cfg.Strategy.Name(), verdicts[0]))
+		return m.ownFailure(w, k, "claim", fmt.Errorf("strategy %s answered %v for an idempotency key", m.cfg.Strategy.Name(), verdicts[0]))
 	}
 
-	req := &request{tx: ownedTx{tx.Tx}, key: k.ID, scope: k.Scope}
+	req := &request{tx: &ownedTx{Tx: tx.Tx}, key: k.ID, scope: k.Scope}
 	rec := newRecorder(m.cfg.MaxResponseBytes)
 	r2 := r.WithContext(context.WithValue(ctx, ctxKey{}, req))
 	r2.Body = io.NopCloser(bytesReader(body))
 	next.ServeHTTP(rec, r2) // a panic rolls back (deferred) and goes on up
-	if rec.overflow {
+	status := rec.result()
+	resp := stored{status: status, body: rec.body, fingerprint: k.Fingerprint}
+	var headerBytes int
+	resp.headers, headerBytes = keep(rec.header, m.headers)
+	if !bodyAllowed(status) {
+		resp.body = nil // net/http sends none: neither is one stored
+	}
+	if rec.overflow || len(resp.body)+headerBytes > m.cfg.MaxResponseBytes {
 		rollback()
-		m.log.Error("idempotency: response body over the limit; rolled back", "limit", m.cfg.MaxResponseBytes, "scope", k.Scope, "key", k.ID)
+		m.log.Error("idempotency: response over the size limit (body and stored headers); rolled back, the client gets 500",
+			"limit", m.cfg.MaxResponseBytes, "scope", k.Scope, "key_hash", keyHash(k))
 		m.problem(w, http.StatusInternalServerError, "Response too large", "The response was too large to store; nothing was done.")
 		return consumer.OutcomeRetried, ErrResponseTooLarge
 	}
@@ -225,34 +250,32 @@ func (m *Middleware) run(ctx context.Context, w http.ResponseWriter, r *http.Req
 		rollback()
 		return consumer.OutcomeRetried, fmt.Errorf("idempotency: request context done before commit: %w", err)
 	}
-	status := rec.result()
 	if status >= 400 && !req.final {
 		rollback()
 		send(w, rec.header, status, rec.body)
 		return consumer.OutcomeRetried, fmt.Errorf("idempotency: handler answered %d without marking it final: rolled back", status)
 	}
-	resp := stored{status: status, headers: keep(rec.header, m.headers), body: rec.body}
 	if resp.body == nil {
 		resp.body = []byte{} // a response without a body (201, 204) is stored with an empty one
 	}
-	err = tx.commitWith(ctx, m.store.insertSQL, k.Scope, k.ID, k.Fingerprint, resp.status, resp.headers, resp.body)
+	// From here on the client's going away must not cut the COMMIT short:
+	// that would leave its outcome unknown.
+	err = tx.commitWith(context.WithoutCancel(ctx), m.store.insertSQL, k.Scope, k.ID, k.Fingerprint, resp.status, resp.headers, resp.body)
 	var se *errStore
 	if errors.As(err, &se) {
-		return m.dbFailure(w, "store response", se.err)
+		if req.tx.failed != nil {
+			// The handler answered after one of its statements failed,
+			// which aborted the transaction: answer for that failure.
+			return m.writeFailure(w, k, req.tx.failed)
+		}
+		return m.ownFailure(w, k, "store response", se.err)
 	}
 	if err != nil {
-		outcome, retry := classifyCommit(err)
-		if outcome == commitUnknown {
-			w.Header().Set("Retry-After", m.retry)
-			m.problem(w, http.StatusServiceUnavailable, "Outcome unknown", "The database connection was lost while committing; retry with the same key to get the outcome.")
-			return consumer.OutcomeUnknown, err
+		if pgerr.Classify(err) == pgerr.Lost {
+			tx.rollback(ctx) // gives the lost connection back to be discarded
+			return m.resolve(ctx, w, k, resp, rec.header, err)
 		}
-		if retry {
-			return m.dbFailure(w, "commit", err)
-		}
-		m.log.Error("idempotency: commit refused", "scope", k.Scope, "key", k.ID, "err", err)
-		m.problem(w, http.StatusInternalServerError, "Commit refused", "The database refused to commit the request's writes; nothing was done.")
-		return consumer.OutcomeRetried, err
+		return m.writeFailure(w, k, fmt.Errorf("commit: %w", err))
 	}
 	tx.rollback(ctx) // releases the connection before the client is answered
 	if m.commit != nil {
@@ -266,37 +289,63 @@ func (m *Middleware) run(ctx context.Context, w http.ResponseWriter, r *http.Req
 func (m *Middleware) replay(ctx context.Context, w http.ResponseWriter, tx *keyTx, k dedupe.Key) (consumer.Outcome, error) {
 	resp, ok, err := m.store.load(ctx, tx.Tx, k.Scope, k.ID)
 	if err != nil {
-		return m.dbFailure(w, "load response", err)
+		return m.ownFailure(w, k, "load response", err)
 	}
 	tx.rollback(ctx)
-	if m.commit != nil {
-		m.commit.Committed([]dedupe.Key{k}, []dedupe.Verdict{dedupe.VerdictDuplicate})
-	}
+	m.committedDuplicate(k)
 	if !ok {
 		m.problem(w, http.StatusUnprocessableEntity, "Idempotency key expired", "This idempotency key was used, and its stored response has expired; use a new key.")
 		return consumer.OutcomeDuplicate, errors.New("idempotency: duplicate key without a stored response (expired)")
 	}
-	h := make(http.Header, len(resp.headers)/2+1)
-	for i := 0; i+1 < len(resp.headers); i += 2 {
-		h.Add(resp.headers[i], resp.headers[i+1])
-	}
-	h.Set(ReplayedHeader, "true")
-	send(w, h, resp.status, resp.body)
+	sendReplay(w, resp)
 	return consumer.OutcomeDuplicate, nil
 }
 
-// dbFailure answers a failure of the middleware's own statements: 503 with
-// Retry-After when it passes, 500 otherwise. Nothing was stored.
-func (m *Middleware) dbFailure(w http.ResponseWriter, step string, err error) (consumer.Outcome, error) {
-	err = fmt.Errorf("idempotency: %s: %w", step, err)
-	if transient(err) {
-		w.Header().Set("Retry-After", m.retry)
-		m.problem(w, http.StatusServiceUnavailable, "Service unavailable", "A transient database failure; nothing was done. Retry with the same key.")
-		return consumer.OutcomeRetried, err
+// held answers a request whose key's lock another transaction holds: the
+// stored response when the key is complete (a concurrent replay holds the
+// lock, or the first request committed a moment ago), read without the
+// lock, so that a replay never waits and never gets 409; 409 only while
+// the key's first request is still running.
+func (m *Middleware) held(ctx context.Context, w http.ResponseWriter, k dedupe.Key) (consumer.Outcome, error) {
+	resp, ok, err := m.store.load(ctx, m.db, k.Scope, k.ID)
+	if err != nil {
+		return m.ownFailure(w, k, "load response", err)
 	}
-	m.log.Error("idempotency: database failure", "step", step, "err", err)
-	m.problem(w, http.StatusInternalServerError, "Internal error", "A database failure; nothing was done.")
-	return consumer.OutcomeRetried, err
+	if !ok {
+		w.Header().Set("Retry-After", m.retry)
+		m.problem(w, http.StatusConflict, "Request in progress", "A request with this idempotency key is still being processed; retry later.")
+		return consumer.OutcomeRetried, ErrInFlight
+	}
+	if !bytes.Equal(resp.fingerprint, k.Fingerprint) {
+		m.mismatch(w)
+		return consumer.OutcomeMismatch, nil
+	}
+	m.committedDuplicate(k)
+	sendReplay(w, resp)
+	return consumer.OutcomeDuplicate, nil
+}
+
+func (m *Middleware) committedDuplicate(k dedupe.Key) {
+	if m.commit != nil {
+		m.commit.Committed([]dedupe.Key{k}, []dedupe.Verdict{dedupe.VerdictDuplicate})
+	}
+}
+
+func (m *Middleware) mismatch(w http.ResponseWriter) {
+	m.problem(w, http.StatusUnprocessableEntity, "Idempotency key reused", "This idempotency key was used with a different request (method, path or body).")
+}
+
+// sendReplay writes a stored response, marked as replayed.
+func sendReplay(w http.ResponseWriter, resp stored) {
+	h := resp.header()
+	h.Set(ReplayedHeader, "true")
+	send(w, h, resp.status, resp.body)
+}
+
+// bodyAllowed reports whether a response with status may have a body
+// (RFC 9110: not 1xx, 204 or 304).
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
 }
 
 // send writes a response: h's headers, status and body.
@@ -305,7 +354,9 @@ func send(w http.ResponseWriter, h http.Header, status int, body []byte) {
 	for name, vs := range h {
 		dst[name] = vs
 	}
-	dst.Set("Content-Length", strconv.Itoa(len(body)))
+	if bodyAllowed(status) {
+		dst.Set("Content-Length", strconv.Itoa(len(body)))
+	}
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
 }

@@ -27,7 +27,7 @@ func TestBloom(t *testing.T) {
 		t.Fatal(err)
 	}
 	pool := pgtest.NewPool(t)
-	e := newEnvPool(t, pool, idempotency.Config{Strategy: s}, nil)
+	e := newEnvPool(t, pool, idempotency.Config{SingleTenant: true, Strategy: s}, nil)
 	if err := e.mw.Maintain(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func (h *hookRecorder) MessageDone(_ context.Context, e consumer.MessageEvent) {
 func TestHooks(t *testing.T) {
 	t.Parallel()
 	h := &hookRecorder{reported: make(chan struct{}, 10)}
-	e := newEnv(t, idempotency.Config{Name: "payments-api", Hooks: []consumer.Hook{h}}, nil)
+	e := newEnv(t, idempotency.Config{SingleTenant: true, Name: "payments-api", Hooks: []consumer.Hook{h}}, nil)
 	for _, r := range []struct{ key, body string }{
 		{"k1", `{"amount":5,"to":"x"}`},  // applied
 		{"k1", `{"amount":5,"to":"x"}`},  // duplicate
@@ -112,7 +112,7 @@ func TestHooks(t *testing.T) {
 // and by Run, which returns nil when its context ends.
 func TestSweepAndRun(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, idempotency.Config{}, nil)
+	e := newEnv(t, idempotency.Config{SingleTenant: true}, nil)
 	ctx := context.Background()
 	for _, k := range []string{"old1", "old2", "new"} {
 		wantStatus(t, e.post(t, k, `{"amount":1,"to":"x"}`), http.StatusCreated)
@@ -148,7 +148,7 @@ func TestSweepAndRun(t *testing.T) {
 // TestMigrations: the strategy's line and the responses line, printable.
 func TestMigrations(t *testing.T) {
 	t.Parallel()
-	mw, err := idempotency.New(pgtest.NewPool(t), idempotency.Config{Schema: "api", Table: "responses"})
+	mw, err := idempotency.New(pgtest.NewPool(t), idempotency.Config{SingleTenant: true, Schema: "api", Table: "responses"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestPgBouncer(t *testing.T) {
 		c.MaxConns = 8
 	})
 	g := newGated()
-	e := newEnvPool(t, pool, idempotency.Config{}, g)
+	e := newEnvPool(t, pool, idempotency.Config{SingleTenant: true}, g)
 	t.Cleanup(g.open)
 	first := e.post(t, "k1", `{"amount":5,"to":"x"}`)
 	wantStatus(t, first, http.StatusCreated)
@@ -215,7 +215,7 @@ func TestDBShapes(t *testing.T) {
 				db = plainDB{pool}
 			}
 			g := newGated()
-			e := newEnvDB(t, pool, db, idempotency.Config{}, g)
+			e := newEnvDB(t, pool, db, idempotency.Config{SingleTenant: true}, g)
 			t.Cleanup(g.open)
 			first := e.post(t, "k1", `{"amount":5,"to":"x"}`)
 			wantStatus(t, first, http.StatusCreated)
@@ -253,7 +253,7 @@ func TestTransient(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	e := newEnvPool(t, pool, idempotency.Config{}, nil)
+	e := newEnvPool(t, pool, idempotency.Config{SingleTenant: true}, nil)
 	ctx := context.Background()
 	locker, err := pool.Begin(ctx)
 	if err != nil {

@@ -29,11 +29,11 @@ func newStore(schema, table string) store {
 	t := pgx.Identifier{schema, table}.Sanitize()
 	return store{
 		// A row left by a key whose marker expired first is replaced.
-		insertSQL: `INSERT INTO ` + t + ` (scope, key, fingerprint, status, headers, body)
+		insertSQL: `INSERT INTO ` + t + ` (scope, key, fingerprint, status, raw_headers, body)
 VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (scope, key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, status = EXCLUDED.status,
-    headers = EXCLUDED.headers, body = EXCLUDED.body, created_at = EXCLUDED.created_at`,
-		selectSQL: `SELECT status, headers, body FROM ` + t + ` WHERE scope = $1 AND key = $2`,
+    headers = '{}', raw_headers = EXCLUDED.raw_headers, body = EXCLUDED.body, created_at = EXCLUDED.created_at`,
+		selectSQL: `SELECT status, headers, raw_headers, body, fingerprint FROM ` + t + ` WHERE scope = $1 AND key = $2`,
 		sweepSQL: `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
     SELECT ctid FROM ` + t + `
     WHERE created_at < now() - $1::bigint * interval '1 microsecond'
@@ -44,36 +44,57 @@ ON CONFLICT (scope, key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, statu
 
 // stored is a response as kept in the table.
 type stored struct {
-	status  int
-	headers []string // name, value, name, value, …
-	body    []byte
+	status      int
+	headers     [][]byte // name, value, name, value, …, byte for byte
+	body        []byte
+	fingerprint []byte
+}
+
+// querier is what a pgx.Tx and a dedupe.DB have in common.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // load returns the stored response of (scope, key), and false when there
 // is none.
-func (s store) load(ctx context.Context, tx pgx.Tx, scope, key string) (stored, bool, error) {
+func (s store) load(ctx context.Context, q querier, scope, key string) (stored, bool, error) {
 	var r stored
 	var status int32
-	err := tx.QueryRow(ctx, s.selectSQL, scope, key).Scan(&status, &r.headers, &r.body)
+	var text []string
+	err := q.QueryRow(ctx, s.selectSQL, scope, key).Scan(&status, &text, &r.headers, &r.body, &r.fingerprint)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
+	}
+	if r.headers == nil { // a row stored before header values were kept as bytes
+		for _, v := range text {
+			r.headers = append(r.headers, []byte(v))
+		}
 	}
 	r.status = int(status)
 	return r, err == nil, err
 }
 
-// keep returns the headers of h to store, in the order of names.
-func keep(h http.Header, names []string) []string {
-	var out []string
+// header returns the stored headers.
+func (r stored) header() http.Header {
+	h := make(http.Header, len(r.headers)/2+1)
+	for i := 0; i+1 < len(r.headers); i += 2 {
+		h.Add(string(r.headers[i]), string(r.headers[i+1]))
+	}
+	return h
+}
+
+// keep returns the headers of h to store, in the order of names, and their
+// size in bytes.
+func keep(h http.Header, names []string) ([][]byte, int) {
+	out := [][]byte{}
+	size := 0
 	for _, n := range names {
 		for _, v := range h.Values(n) {
-			out = append(out, n, v)
+			out = append(out, []byte(n), []byte(v))
+			size += len(n) + len(v)
 		}
 	}
-	if out == nil {
-		out = []string{}
-	}
-	return out
+	return out, size
 }
 
 // Migrations returns the migration lines of the strategy's markers (when it

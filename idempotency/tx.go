@@ -8,14 +8,17 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/effectively-once/effectively/internal/pgerr"
 )
 
-// A request's transaction costs the middleware two round trips beyond the
-// handler's plain BEGIN … COMMIT: the claim, and the stored response. BEGIN
-// and the key's lock go in one (a simple-protocol query of two
-// statements), and so, when db is a *pgxpool.Pool, do the response's
-// INSERT and the COMMIT (a pipeline on a connection the middleware holds).
-// Other DBs take the lock and the INSERT as statements of their own.
+// A request's transaction costs the middleware no round trip beyond the
+// handler's plain BEGIN … COMMIT when db is a *pgxpool.Pool: BEGIN, the
+// key's lock and the claim go in one pipeline (lazyTx), and so do the
+// stored response's INSERT and the COMMIT, on a connection the middleware
+// holds. Other DBs that can begin with a query of their own take BEGIN and
+// the lock in one round trip (a simple-protocol query of two statements),
+// then the claim and the INSERT as statements of their own.
 
 // beginner is what *pgxpool.Pool and *pgx.Conn have beyond dedupe.DB.
 type beginner interface {
@@ -48,15 +51,9 @@ func (m *Middleware) beginLocked(ctx context.Context, key int64) (t *keyTx, lock
 		if err != nil {
 			return nil, false, err
 		}
-		tx, err := c.Conn().BeginTx(ctx, pgx.TxOptions{BeginQuery: lockedSQL(key)})
-		if err != nil {
-			if inFlight(err) {
-				_, err = c.Exec(ctx, "ROLLBACK")
-			}
-			c.Release() // a connection left in a transaction is closed by the pool
-			return nil, false, err
-		}
-		return &keyTx{Tx: tx, conn: c}, true, nil
+		// BEGIN and the lock go with the claim: a held lock shows as the
+		// claim's error (inFlight).
+		return &keyTx{Tx: &lazyTx{conn: c.Conn(), lock: key}, conn: c}, true, nil
 	}
 	if b, ok := m.db.(beginner); ok {
 		tx, err := b.BeginTx(ctx, pgx.TxOptions{BeginQuery: lockedSQL(key)})
@@ -122,6 +119,12 @@ func (t *keyTx) commitWith(ctx context.Context, sql string, args ...any) error {
 	br := t.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
+		if pgerr.CommitUnknown(err) {
+			// No answer to the INSERT: the COMMIT went out with it, and
+			// may have committed.
+			t.ended = true
+			return err
+		}
 		return &errStore{err} // rollback ends the failed transaction
 	}
 	_, err := br.Exec()

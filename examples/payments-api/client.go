@@ -94,7 +94,7 @@ func (r *paymentsRun) post(ctx context.Context, url, tenant, key string, body []
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if tenant != "" {
-		req.Header.Set("X-Tenant", tenant)
+		req.Header.Set("Authorization", "Bearer "+apiKeyOf(tenant))
 	}
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
@@ -174,6 +174,10 @@ func (r *paymentsRun) payAll(ctx context.Context, url string) error {
 	}
 	if status, body, _, err := r.post(ctx, url+"/v1/payments", p.tenant, "", changed, nil); err != nil || status != http.StatusBadRequest {
 		return fmt.Errorf("a payment without a key: %d %s %v, want 400", status, body, err)
+	}
+	forged := map[string]string{"Authorization": "Bearer sk_forged"}
+	if status, body, _, err := r.post(ctx, url+"/v1/payments", "", p.key, changed, forged); err != nil || status != http.StatusUnauthorized {
+		return fmt.Errorf("a payment with an unknown API key: %d %s %v, want 401", status, body, err)
 	}
 	return nil
 }

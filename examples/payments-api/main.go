@@ -34,6 +34,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -90,12 +91,47 @@ func main() {
 	}
 }
 
-// tenantOf is the authenticated tenant; here a header stands in for the
-// API key a real service checks.
+// apiKeys maps each API key (sent as a bearer token) to its tenant, as a
+// real service's key store does.
+var apiKeys = map[string]string{
+	"sk_acme_4eC39HqLyjWDarjtT1zdp7dc":   "acme",
+	"sk_globex_9fB2kLq8ZxWm3RtY6nVp0sEa": "globex",
+}
+
+// apiKeyOf returns the API key of a tenant, for the example's clients.
+func apiKeyOf(tenant string) string {
+	for k, t := range apiKeys {
+		if t == tenant {
+			return k
+		}
+	}
+	return ""
+}
+
+type tenantKey struct{}
+
+// authenticate runs in front of the idempotency middleware: it maps the
+// request's bearer token to its tenant, or answers 401 and nothing runs.
+// The tenant comes from what the server checked, never from a header the
+// client may set to anything.
+func authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		tenant, known := apiKeys[token]
+		if !ok || !known {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="payments"`)
+			http.Error(w, "unknown API key", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))
+	})
+}
+
+// tenantOf is the idempotency scope: the tenant authenticate established.
 func tenantOf(r *http.Request) (string, error) {
-	t := r.Header.Get("X-Tenant")
-	if t == "" {
-		return "", errors.New("no tenant: send X-Tenant")
+	t, ok := r.Context().Value(tenantKey{}).(string)
+	if !ok {
+		return "", errors.New("the request was not authenticated")
 	}
 	return t, nil
 }
@@ -224,7 +260,7 @@ func serve(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (*server, 
 	}
 
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/payments", mw.Wrap(http.HandlerFunc(pay)))
+	mux.Handle("POST /v1/payments", authenticate(mw.Wrap(http.HandlerFunc(pay))))
 	mux.Handle("POST /webhooks/provider", src)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -1,7 +1,9 @@
 // Package pgerr decides what a PostgreSQL error means for the work that
 // met it, for every part of the library that runs its own transactions
 // (the consumer, the Idempotency-Key middleware): whether a failed COMMIT
-// may have committed, and which SQLSTATEs pass by themselves.
+// may have committed, which SQLSTATEs pass by themselves, and, by which
+// table a violated constraint is on, whether the work's content was
+// refused (Classify).
 package pgerr
 
 import (

@@ -24,6 +24,15 @@
 // back (BatchStats.Err, which includes a fenced batch) records the error and
 // sets the span's status to Error.
 //
+// A request through the Idempotency-Key middleware (package idempotency,
+// whose Config.Hooks takes the same hook) is traced as an HTTP server
+// span instead, named by its method and route ("POST /payments/{id}"),
+// with the HTTP convention's http.request.method, http.route, url.path and
+// http.response.status_code, and effectively.replayed (answered with a
+// stored response), besides the attributes above. As the convention has
+// it for a server, a 4xx leaves the span's status unset and a 5xx (or no
+// answer) sets it to Error.
+//
 // NewRelay returns a hook for outbox.RelayConfig.Hooks that records a span
 // per relay publish pass, named "effectively.outbox.publish", of kind
 // producer, from the pass's fetch to its marking, with effectively.relay,

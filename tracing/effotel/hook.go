@@ -2,8 +2,10 @@ package effotel
 
 import (
 	"context"
+	"net/http"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/idempotency"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -40,6 +42,15 @@ const (
 	// AttrBatchMessageCount is the OpenTelemetry messaging convention's
 	// name for the number of messages in a batch.
 	AttrBatchMessageCount = attribute.Key("messaging.batch.message_count")
+	// AttrReplayed is true on the server span of a request through the
+	// Idempotency-Key middleware that was answered with a stored response.
+	AttrReplayed = attribute.Key("effectively.replayed")
+	// The OpenTelemetry HTTP server convention's attributes, on the span of
+	// a request through the Idempotency-Key middleware.
+	AttrHTTPMethod     = attribute.Key("http.request.method")
+	AttrHTTPRoute      = attribute.Key("http.route")
+	AttrHTTPStatusCode = attribute.Key("http.response.status_code")
+	AttrURLPath        = attribute.Key("url.path")
 )
 
 // Options configures a Hook. The zero value is usable.
@@ -94,7 +105,18 @@ func (h *Hook) BatchStart(ctx context.Context, b consumer.BatchInfo) context.Con
 		AttrBatchMessageCount.Int(b.Size),
 	)
 	attrs = append(attrs, h.attrs...)
-	ctx, span := h.tracer.Start(ctx, SpanName, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	name, kind := SpanName, trace.SpanKindConsumer
+	if r := idempotency.RequestOf(ctx); r != nil {
+		// A request through the Idempotency-Key middleware: an HTTP server
+		// span, named as the HTTP convention names it.
+		name, kind = r.Method, trace.SpanKindServer
+		attrs = append(attrs, AttrHTTPMethod.String(r.Method), AttrURLPath.String(r.Path))
+		if r.Route != "" {
+			name += " " + r.Route
+			attrs = append(attrs, AttrHTTPRoute.String(r.Route))
+		}
+	}
+	ctx, span := h.tracer.Start(ctx, name, trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
 	return context.WithValue(ctx, spanKey{h}, span)
 }
 
@@ -121,6 +143,20 @@ func (h *Hook) BatchDone(ctx context.Context, s *consumer.BatchStats) {
 		AttrCommitSeconds.Float64(s.Commit.Seconds()),
 		AttrAckSeconds.Float64(s.Ack.Seconds()),
 	)
+	if r := idempotency.RequestOf(ctx); r != nil {
+		span.SetAttributes(AttrHTTPStatusCode.Int(r.Status), AttrReplayed.Bool(r.Replayed))
+		// As the HTTP convention has it for a server: a 4xx is the
+		// client's, and leaves the status unset; a 5xx, or no answer, is
+		// an error.
+		if r.Status >= 500 || r.Status == 0 {
+			if s.Err != nil {
+				span.RecordError(s.Err)
+			}
+			span.SetStatus(codes.Error, http.StatusText(r.Status))
+		}
+		span.End()
+		return
+	}
 	if s.Err != nil {
 		span.RecordError(s.Err)
 		span.SetStatus(codes.Error, s.Err.Error())

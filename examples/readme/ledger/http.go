@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"strings"
 
 	"github.com/effectively-once/effectively/idempotency"
 	"github.com/effectively-once/effectively/sources/webhook"
@@ -15,9 +16,21 @@ import (
 // Serve books transfers that arrive over HTTP until ctx is done: POST
 // /transfers from clients, once per Idempotency-Key however often they
 // retry, and POST /webhooks/bank, a bank's signed transfer events, through
-// the consumer above, once per transfer_id.
-func Serve(ctx context.Context, pool *pgxpool.Pool, ln net.Listener, bankSecret string) error {
-	mw, err := idempotency.New(pool, idempotency.Config{Name: "ledger-api"})
+// the consumer above, once per transfer_id. apiKeys maps each client's API
+// key (its bearer token) to the client.
+func Serve(ctx context.Context, pool *pgxpool.Pool, ln net.Listener, bankSecret string, apiKeys map[string]string) error {
+	mw, err := idempotency.New(pool, idempotency.Config{
+		Name: "ledger-api",
+		// A key belongs to the client that authenticated, never to a
+		// header the client could set to anyone's name.
+		Scope: func(r *http.Request) (string, error) {
+			token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			if client, ok := apiKeys[token]; ok && token != "" {
+				return client, nil
+			}
+			return "", errors.New("unknown API key")
+		},
+	})
 	if err != nil {
 		return err
 	}

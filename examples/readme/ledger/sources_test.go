@@ -217,7 +217,9 @@ func TestServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	const secret = "whsec_test"
-	r := runInBackground(t, func(ctx context.Context) error { return ledger.Serve(ctx, pool, ln, secret) })
+	r := runInBackground(t, func(ctx context.Context) error {
+		return ledger.Serve(ctx, pool, ln, secret, map[string]string{"sk_client_1": "client-1"})
+	})
 	url := "http://" + ln.Addr().String()
 	post := func(path string, header map[string]string, body string) int {
 		t.Helper()
@@ -250,9 +252,12 @@ func TestServe(t *testing.T) {
 		t.Fatalf("a delivery with a wrong signature: %d, want 401", got)
 	}
 	for range 3 {
-		if got := post("/transfers", map[string]string{"Idempotency-Key": "k-1"}, transfers[0]); got != http.StatusCreated {
+		if got := post("/transfers", map[string]string{"Idempotency-Key": "k-1", "Authorization": "Bearer sk_client_1"}, transfers[0]); got != http.StatusCreated {
 			t.Fatalf("POST /transfers: %d, want 201", got)
 		}
+	}
+	if got := post("/transfers", map[string]string{"Idempotency-Key": "k-1", "Authorization": "Bearer sk_forged"}, transfers[0]); got != http.StatusBadRequest {
+		t.Fatalf("POST /transfers with an unknown API key: %d, want 400", got)
 	}
 	r.stop(t)
 	var rows, distinct int
