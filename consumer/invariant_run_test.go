@@ -106,8 +106,8 @@ type invStats struct {
 	lifetimes, runErrors                    int
 	killHandler, killCommit, killAll, crash int
 	dropCommit                              int
-	commitKilledButCommitted                int
-	unknownOutcome                          int // COMMIT reported failed, yet committed
+	commitKilledButCommitted                int // a COMMIT whose reply was lost (or whose session was killed) that landed
+	unknownOutcome                          int // of them, reported failed: the consumer could not find out
 	broker                                  consumertest.Stats
 	totals                                  consumertest.Totals
 }

@@ -154,7 +154,7 @@ func checkExercised(t *testing.T, s invStats, off map[string]bool) {
 		{"kill-handler", s.killHandler},
 		{"kill-commit", s.killCommit},
 		{"drop-commit", s.dropCommit},
-		{"unknown-outcome", s.unknownOutcome},
+		{"lost-commit-landed", s.commitKilledButCommitted},
 		{"kill-all", s.killAll},
 		{"crash", s.crash},
 		{"lost-acks", s.broker.LostAcks},
@@ -203,7 +203,7 @@ func invOptions(t *testing.T) (planOptions, map[string]bool) {
 		off[f] = true
 	}
 	if off["drop-commit"] {
-		off["unknown-outcome"] = true // only a drop makes it certain
+		off["lost-commit-landed"] = true // only a drop makes it certain
 	}
 	if off["poison-permanent"] && off["poison-exhaust"] && off["poison-commit"] && off["poison-key"] {
 		off["parked"] = true
