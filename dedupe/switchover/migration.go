@@ -1,9 +1,11 @@
 package switchover
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -161,15 +163,7 @@ func (m *migration) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]
 	if !m.consulting() {
 		return m.nw.Claim(ctx, tx, keys)
 	}
-	var olds []dedupe.Verdict
-	err := savepoint(ctx, tx, oldSavepoint, false, func() error {
-		var err error
-		olds, err = m.old.Claim(ctx, tx, keys)
-		if err == nil && len(olds) != len(keys) {
-			err = fmt.Errorf("%d verdicts for %d keys", len(olds), len(keys))
-		}
-		return err
-	})
+	olds, err := m.lookUp(ctx, tx, keys)
 	var ke *dedupe.KeyError
 	switch {
 	case errors.As(err, &ke):
@@ -213,6 +207,47 @@ func (m *migration) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]
 		verdicts[i] = news[j]
 	}
 	return verdicts, nil
+}
+
+// lookUp claims keys with the old strategy under a savepoint that it rolls
+// back, and returns its verdicts in the order of keys. Keys with sequence
+// numbers are handed to it in sequence order (stably, so a repeated key's
+// first occurrence stays first): a sequence strategy then calls a key a
+// duplicate only when its seq was at or below its sender's mark before the
+// claim, never because a later seq earlier in the batch moved the mark.
+func (m *migration) lookUp(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]dedupe.Verdict, error) {
+	ordered, perm := keys, []int(nil)
+	if slices.ContainsFunc(keys, func(k dedupe.Key) bool { return k.Sender != "" }) {
+		perm = make([]int, len(keys))
+		for i := range perm {
+			perm[i] = i
+		}
+		slices.SortStableFunc(perm, func(a, b int) int {
+			ka, kb := &keys[a], &keys[b]
+			return cmp.Or(cmp.Compare(ka.Scope, kb.Scope), cmp.Compare(ka.Sender, kb.Sender), cmp.Compare(ka.Seq, kb.Seq))
+		})
+		ordered = make([]dedupe.Key, len(keys))
+		for j, i := range perm {
+			ordered[j] = keys[i]
+		}
+	}
+	var vs []dedupe.Verdict
+	err := savepoint(ctx, tx, oldSavepoint, false, func() error {
+		var err error
+		vs, err = m.old.Claim(ctx, tx, ordered)
+		if err == nil && len(vs) != len(keys) {
+			err = fmt.Errorf("%d verdicts for %d keys", len(vs), len(keys))
+		}
+		return err
+	})
+	if err != nil || perm == nil {
+		return vs, err
+	}
+	olds := make([]dedupe.Verdict, len(keys))
+	for j, i := range perm {
+		olds[i] = vs[j]
+	}
+	return olds, nil
 }
 
 // consulting reports whether the old store is still consulted, and logs

@@ -227,3 +227,25 @@ func TestMigrationConfig(t *testing.T) {
 		t.Errorf("highwater to bloom with Until: %v", err)
 	}
 }
+
+// With highwater as the old strategy, a key is known when its seq was at
+// or below its sender's mark before the claim: a later seq earlier in the
+// batch does not make it known (highwater alone, judging the batch in its
+// order, would call 5 a duplicate after 6).
+func TestMigrationFromHighwaterJudgesEachKeyByTheMarkBefore(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	old, nw := newHighwater(t), newIDSet(t)
+	prepare(t, pool, old)
+	prepare(t, pool, nw)
+	k := func(i int) dedupe.Key { return key("ledger", "acct-1", i) }
+	claim(t, pool, old, k(1), k(2), k(3), k(4))
+
+	m, err := switchover.New(switchover.Config{Old: old, New: nw, Until: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := verdicts(claim(t, pool, m.Strategy(), k(6), k(5), k(4), k(6), k(2))...), verdicts(vNew, vNew, vDup, vDup, vDup); got != want {
+		t.Errorf("Claim = %s, want %s", got, want)
+	}
+}
