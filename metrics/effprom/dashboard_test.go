@@ -15,6 +15,8 @@ import (
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe/bloom"
 	"github.com/effectively-once/effectively/dedupe/highwater"
+	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/dedupe/switchover"
 	"github.com/effectively-once/effectively/metrics/effprom"
 	"github.com/effectively-once/effectively/outbox"
 	prom "github.com/prometheus/client_golang/prometheus"
@@ -69,7 +71,8 @@ func TestDashboardQueriesRegisteredSeries(t *testing.T) {
 		"effectively_messages_total", "effectively_batches_total", "effectively_lag_messages",
 		"effectively_batch_duration_seconds_bucket", "effectively_commit_duration_seconds_bucket",
 		"effectively_parked_total", "effectively_outbox_waiting_rows",
-		"effectively_outbox_commit_to_publish_seconds_bucket",
+		"effectively_outbox_commit_to_publish_seconds_bucket", "effectively_shadow_verdicts_total",
+		"effectively_switchover_consulting",
 	} {
 		if !used[m] {
 			t.Errorf("the dashboard does not query %s", m)
@@ -106,8 +109,30 @@ func registeredSeries(t *testing.T) map[string][]string {
 	if err := m.WatchBloom("c", bl); err != nil {
 		t.Fatal(err)
 	}
+	sw, err := effprom.NewSwitchover(effprom.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := idset.New(idset.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh, err := switchover.NewShadow(switchover.ShadowConfig{Live: old, Shadow: bl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mig, err := switchover.New(switchover.Config{Old: old, New: bl, Until: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sw.WatchShadow("c", sh); err != nil {
+		t.Fatal(err)
+	}
+	if err := sw.WatchMigration("c", mig); err != nil {
+		t.Fatal(err)
+	}
 	reg := prom.NewPedanticRegistry()
-	reg.MustRegister(m, relay)
+	reg.MustRegister(m, relay, sw)
 
 	info := consumer.BatchInfo{Consumer: "c", Strategy: "idset", Lane: "l", Batch: 1, Size: 3}
 	m.BatchDone(ctx, &consumer.BatchStats{BatchInfo: info, Applied: 1, Duplicate: 1, Parked: 1, Reruns: 1,
