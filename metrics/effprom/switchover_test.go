@@ -100,4 +100,3 @@ func TestSwitchoverMetrics(t *testing.T) {
 		t.Errorf("ConstLabels with live: %v, want ErrInvalidOptions", err)
 	}
 }
-
