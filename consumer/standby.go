@@ -73,7 +73,7 @@ var ErrStandbyPrivilege = errors.New("consumer: StandbyAck needs to read pg_stat
 // A poll that gets no answer within standbyPollTimeout fails.
 var (
 	standbyPollMin     = time.Millisecond
-	standbyPollMax     = 50 * time.Millisecond
+	standbyPollMax     = 10 * time.Millisecond
 	standbyPollTimeout = 2 * time.Second
 )
 

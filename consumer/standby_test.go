@@ -105,7 +105,7 @@ GRANT ALL ON effects TO `+ident); err != nil {
 	}
 }
 
-// records keeps the messages logged at WARN and above.
+// warnings keeps the messages logged at WARN and above.
 type warnings struct {
 	mu   sync.Mutex
 	msgs []string
@@ -135,30 +135,41 @@ func (w *warnings) count(prefix string) int {
 
 // With no standby to confirm a commit, a batch waits StandbyAck.Timeout,
 // then is acknowledged as before: nothing is lost or applied twice, and
-// every batch says so in its stats and in a WARN line.
+// every batch says so in its stats and in a WARN line. The same through
+// PgBouncer in transaction pooling: the poller's query is a plain one.
 func TestStandbyAckTimeoutAcknowledgesUnconfirmed(t *testing.T) {
-	e := newEnv(t, consumertest.Config{Lanes: 3})
-	for i := range 30 {
-		e.broker.Publish(i, msg(fmt.Sprintf("m-%d", i), "p"))
-	}
-	w := &warnings{}
-	c := e.consumer(consumer.Config{BatchSize: 5, Logger: slog.New(w),
-		StandbyAck: consumer.StandbyAck{Standbys: 1, Timeout: 20 * time.Millisecond}})
-	e.runUntilIdle(c, time.Minute)
-	if got := e.effectCounts(); len(got) != 30 || rowsOf(got) != 30 {
-		t.Fatalf("effects %v, want one of each of 30", got)
-	}
-	batches := e.hooks.Batches()
-	for _, st := range batches {
-		if !st.StandbyUnconfirmed || st.Standby < 20*time.Millisecond || st.Err != nil {
-			t.Errorf("batch %d: StandbyUnconfirmed %v after %s, err %v; want unconfirmed after at least 20ms, no error", st.Batch, st.StandbyUnconfirmed, st.Standby, st.Err)
-		}
-	}
-	if n := w.count("StandbyAck requires 1 standbys and the primary has 0 streaming"); n != 1 {
-		t.Errorf("start-up warning logged %d times, want 1", n)
-	}
-	if n := w.count("batch acknowledged although 0 of the 1 standbys required confirmed its commit"); n != len(batches) {
-		t.Errorf("%d warnings of an unconfirmed acknowledgement for %d batches", n, len(batches))
+	for _, bouncer := range []bool{false, true} {
+		t.Run(map[bool]string{false: "direct", true: "pgbouncer"}[bouncer], func(t *testing.T) {
+			bcfg := consumertest.Config{Lanes: 3}
+			var e *env
+			if bouncer {
+				e = bouncerEnv(t, pgx.QueryExecModeExec, bcfg)
+			} else {
+				e = newEnv(t, bcfg)
+			}
+			for i := range 30 {
+				e.broker.Publish(i, msg(fmt.Sprintf("m-%d", i), "p"))
+			}
+			w := &warnings{}
+			c := e.consumer(consumer.Config{BatchSize: 5, Logger: slog.New(w),
+				StandbyAck: consumer.StandbyAck{Standbys: 1, Timeout: 20 * time.Millisecond}})
+			e.runUntilIdle(c, time.Minute)
+			if got := e.effectCounts(); len(got) != 30 || rowsOf(got) != 30 {
+				t.Fatalf("effects %v, want one of each of 30", got)
+			}
+			batches := e.hooks.Batches()
+			for _, st := range batches {
+				if !st.StandbyUnconfirmed || st.Standby < 20*time.Millisecond || st.Err != nil {
+					t.Errorf("batch %d: StandbyUnconfirmed %v after %s, err %v; want unconfirmed after at least 20ms, no error", st.Batch, st.StandbyUnconfirmed, st.Standby, st.Err)
+				}
+			}
+			if n := w.count("StandbyAck requires 1 standbys and the primary has 0 streaming"); n != 1 {
+				t.Errorf("start-up warning logged %d times, want 1", n)
+			}
+			if n := w.count("batch acknowledged although 0 of the 1 standbys required confirmed its commit"); n != len(batches) {
+				t.Errorf("%d warnings of an unconfirmed acknowledgement for %d batches", n, len(batches))
+			}
+		})
 	}
 }
 

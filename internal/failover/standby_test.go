@@ -96,7 +96,7 @@ func TestKafkaAsynchronousFailoverStandbyAck(t *testing.T) {
 
 			k.h.waitApplied(t, messages/4)
 			k.waitStored()
-			cut, before := p.cutOffUnacknowledged(k.h, k.g, concurrency)
+			cut, before := p.cutOffUnacknowledged(k.h, k.g, min(concurrency, partitions)) // a lane per partition
 			ackedAlone, _, _ := k.h.counts()
 			ackedAlone -= cut
 			promoted := p.killAndPromote(k.g)
