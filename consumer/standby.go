@@ -26,6 +26,13 @@ import (
 // positions there (a superuser, or a member of pg_monitor or
 // pg_read_all_stats): Run refuses to start otherwise.
 //
+// A batch's commit position is taken as the primary's WAL flush position
+// read after its COMMIT returned (the commit flushed its record before
+// returning), or its insert position when the consumer's sessions run
+// with synchronous_commit = off (read at start-up). A handler that turns
+// synchronous_commit off for its own transaction (SET LOCAL) makes the
+// wait end before the standbys have the commit: don't.
+//
 // A batch whose commit no standby confirms within Timeout, while the
 // primary answers, is acknowledged anyway, logged at WARN and counted
 // (BatchStats.StandbyUnconfirmed): a failover now could lose it. A batch
@@ -69,7 +76,8 @@ var ErrStandbyPrivilege = errors.New("consumer: StandbyAck needs to read pg_stat
 
 // Polling: the first poll for a newly waiting batch is sent at once when
 // the poller is idle; while batches wait, polls follow each other after
-// standbyPollMin, doubling up to standbyPollMax while none is confirmed.
+// standbyPollMin, growing by as much after each poll that confirms none,
+// up to standbyPollMax.
 // A poll that gets no answer within standbyPollTimeout fails.
 var (
 	standbyPollMin     = time.Millisecond
@@ -93,6 +101,7 @@ func (s serverID) String() string {
 type standbyPoll struct {
 	id        serverID
 	insert    uint64   // pg_current_wal_insert_lsn()
+	flush     uint64   // pg_current_wal_flush_lsn()
 	positions []uint64 // the standbys' flush (or replay) positions
 }
 
@@ -140,6 +149,11 @@ type standbys struct {
 	cfg StandbyAck
 	sql string
 
+	// insert takes the primary's insert position for a batch's target,
+	// rather than its flush position: a COMMIT with synchronous_commit =
+	// off returns before its commit record is flushed.
+	insert bool
+
 	mu      sync.Mutex
 	waiting []*standbyWait
 	server  serverID // as the last successful poll saw it
@@ -154,7 +168,7 @@ func newStandbys(db dedupe.DB, cfg StandbyAck) *standbys {
 	}
 	// Logical replication clients (a log-based outbox relay, say) stream
 	// from the primary too, and report positions, but are no standbys.
-	return &standbys{db: db, cfg: cfg, sql: `SELECT l::text, pg_walfile_name(l), pg_postmaster_start_time(),
+	return &standbys{db: db, cfg: cfg, sql: `SELECT l::text, pg_current_wal_flush_lsn()::text, pg_walfile_name(l), pg_postmaster_start_time(),
   ARRAY(SELECT r.` + col + `::text FROM pg_stat_replication AS r
         WHERE r.` + col + ` IS NOT NULL AND r.state <> 'backup'
           AND r.pid NOT IN (SELECT s.active_pid FROM pg_replication_slots AS s
@@ -166,14 +180,17 @@ FROM pg_current_wal_insert_lsn() AS l`}
 func (s *standbys) poll(ctx context.Context) (*standbyPoll, error) {
 	ctx, cancel := context.WithTimeout(ctx, standbyPollTimeout)
 	defer cancel()
-	var insert, walfile string
+	var insert, flush, walfile string
 	var positions []string
 	p := &standbyPoll{}
-	if err := s.db.QueryRow(ctx, s.sql).Scan(&insert, &walfile, &p.id.started, &positions); err != nil {
+	if err := s.db.QueryRow(ctx, s.sql).Scan(&insert, &flush, &walfile, &p.id.started, &positions); err != nil {
 		return nil, err
 	}
 	var err error
 	if p.insert, err = parseLSN(insert); err != nil {
+		return nil, err
+	}
+	if p.flush, err = parseLSN(flush); err != nil {
 		return nil, err
 	}
 	p.id.timeline = walfile[:min(8, len(walfile))]
@@ -203,11 +220,12 @@ func parseLSN(s string) (uint64, error) {
 // standbys than required stream now.
 func (s *standbys) check(ctx context.Context, log *slog.Logger) error {
 	var allowed bool
-	var role string
-	err := s.db.QueryRow(ctx, `SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE'), current_user`).Scan(&allowed, &role)
+	var role, syncCommit string
+	err := s.db.QueryRow(ctx, `SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE'), current_user, current_setting('synchronous_commit')`).Scan(&allowed, &role, &syncCommit)
 	if err != nil {
 		return fmt.Errorf("consumer: StandbyAck: checking the role's privileges: %w", err)
 	}
+	s.insert = syncCommit == "off"
 	if !allowed {
 		return fmt.Errorf("%w: PostgreSQL shows the standbys' positions only to superusers and roles with the privileges of pg_read_all_stats, and role %q has neither (its standbys would look absent, and every batch would wait for StandbyAck.Timeout): GRANT pg_monitor TO %s (or pg_read_all_stats)",
 			ErrStandbyPrivilege, role, quoteIdent(role))
@@ -220,7 +238,7 @@ func (s *standbys) check(ctx context.Context, log *slog.Logger) error {
 	s.server = p.id
 	s.mu.Unlock()
 	log.InfoContext(ctx, "acknowledging batches once their commit is on the standbys",
-		"standbys_required", s.cfg.Standbys, "standbys_streaming", len(p.positions), "replayed", s.cfg.Replayed, "timeout", s.cfg.Timeout, "primary", p.id.String())
+		"standbys_required", s.cfg.Standbys, "synchronous_commit", syncCommit, "standbys_streaming", len(p.positions), "replayed", s.cfg.Replayed, "timeout", s.cfg.Timeout, "primary", p.id.String())
 	if len(p.positions) < s.cfg.Standbys {
 		log.WarnContext(ctx, fmt.Sprintf("StandbyAck requires %d standbys and the primary has %d streaming: until more stream, every batch waits StandbyAck.Timeout and is then acknowledged unconfirmed, which a failover to an asynchronous standby could lose", s.cfg.Standbys, len(p.positions)),
 			"standbys_required", s.cfg.Standbys, "standbys_streaming", len(p.positions), "timeout", s.cfg.Timeout)
@@ -295,7 +313,7 @@ func (s *standbys) run() {
 		if s.decide(batch, p, err, time.Now()) > 0 {
 			delay = standbyPollMin
 		} else {
-			delay = min(2*delay, standbyPollMax)
+			delay = min(delay+standbyPollMin, standbyPollMax)
 		}
 		s.mu.Lock()
 		waiting := len(s.waiting) > 0
@@ -341,8 +359,18 @@ func (s *standbys) judge(w *standbyWait, p *standbyPoll, err error, now time.Tim
 			return r, true
 		case w.target == 0:
 			// This poll was sent after the commit returned: the primary's
-			// insert position now is at or past the commit's end.
-			w.target, w.on, r.target = p.insert, p.id, p.insert
+			// flush position now is at or past the commit's end, since
+			// COMMIT flushes its record before it returns, unless
+			// synchronous_commit is off: then its insert position is.
+			// (The insert position also takes in the WAL of the
+			// transactions in progress, which are flushed only when they
+			// commit: waiting for it would make a batch wait for the
+			// batches of other lanes.)
+			w.target, w.on = p.flush, p.id
+			if s.insert {
+				w.target = p.insert
+			}
+			r.target = w.target
 		case p.id != w.on:
 			r.verdict, r.was, r.is = standbyChanged, w.on, p.id
 			return r, true
