@@ -245,6 +245,8 @@ func (c *Consumer) commit(ctx context.Context, tx pgx.Tx, b *Batch, items []*ite
 		return err
 	}
 	st.Commit += time.Since(t)
-	c.committedItems(items)
+	if c.standbys == nil { // else once the standbys confirmed it (settle)
+		c.committedItems(items)
+	}
 	return nil
 }

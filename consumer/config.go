@@ -164,6 +164,11 @@ type Config struct {
 	// setting is logged at start-up, since it raises the DBA's limit for
 	// the batch transactions. Defaults to 10s (DefaultIdleTxTimeout).
 	IdleTxTimeout time.Duration
+	// StandbyAck acknowledges a batch to its source only once its commit
+	// is on the primary's standbys, so that a failover to an asynchronous
+	// standby loses nothing acknowledged (see StandbyAck). Defaults to
+	// off: a batch is acknowledged once its COMMIT returned on the primary.
+	StandbyAck StandbyAck
 	// Logger receives the consumer's logs. Defaults to warnings and errors
 	// on stderr (slog.New(slog.DiscardHandler) silences them).
 	Logger *slog.Logger
@@ -214,6 +219,9 @@ func (c Config) withDefaults() Config {
 	if c.IdleTxTimeout == 0 {
 		c.IdleTxTimeout = DefaultIdleTxTimeout
 	}
+	if c.StandbyAck.Standbys > 0 && c.StandbyAck.Timeout == 0 {
+		c.StandbyAck.Timeout = DefaultStandbyTimeout
+	}
 	if c.Logger == nil {
 		c.Logger = logx.Default()
 	}
@@ -255,6 +263,12 @@ func (c Config) validate() error {
 		return bad("SourceFailureTimeout", "must not be negative, got %s", c.SourceFailureTimeout)
 	case c.IdleTxTimeout > 0 && c.IdleTxTimeout < time.Millisecond:
 		return bad("IdleTxTimeout", "%s is shorter than PostgreSQL's resolution of 1ms", c.IdleTxTimeout)
+	case c.StandbyAck.Standbys < 0:
+		return bad("StandbyAck.Standbys", "must not be negative, got %d", c.StandbyAck.Standbys)
+	case c.StandbyAck.Timeout < 0:
+		return bad("StandbyAck.Timeout", "must not be negative, got %s", c.StandbyAck.Timeout)
+	case c.StandbyAck.Standbys == 0 && (c.StandbyAck.Timeout != 0 || c.StandbyAck.Replayed):
+		return bad("StandbyAck.Standbys", "is 0, so StandbyAck is off, but Timeout or Replayed is set: set Standbys to the number of standbys that must hold a commit")
 	case c.OnMismatch > MismatchPark:
 		return bad("OnMismatch", "unknown policy %d", c.OnMismatch)
 	case c.Fingerprint > FingerprintJSON:

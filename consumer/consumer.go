@@ -35,6 +35,8 @@ type Consumer struct {
 
 	merger merger // a QueueHandler's single-row INSERTs merged
 
+	standbys *standbys // nil unless Config.StandbyAck is on
+
 	startHooks []BatchStartHook
 	msgHooks   []MessageHook
 	batches    atomic.Uint64 // numbers the batches: BatchInfo.Batch
@@ -63,6 +65,9 @@ func New(db dedupe.DB, src Source, cfg Config) (*Consumer, error) {
 		idleSQL:     idleSQL(cfg.IdleTxTimeout),
 		idleTx:      max(cfg.IdleTxTimeout, 0),
 		waits:       newWaits(),
+	}
+	if cfg.StandbyAck.Standbys > 0 {
+		c.standbys = newStandbys(db, cfg.StandbyAck)
 	}
 	for _, h := range cfg.Hooks {
 		if sh, ok := h.(BatchStartHook); ok {
@@ -218,6 +223,11 @@ func (c *Consumer) preflight(ctx context.Context) error {
 		return err
 	}
 	c.checkPool(ctx)
+	if c.standbys != nil {
+		if err := c.standbys.check(ctx, c.log); err != nil {
+			return err
+		}
+	}
 	if c.maintainer != nil {
 		if err := c.maintainer.Maintain(ctx, c.db); err != nil {
 			return fmt.Errorf("consumer: %s maintenance: %w", c.cfg.Strategy.Name(), err)

@@ -96,12 +96,22 @@ type BatchStats struct {
 	// Fenced is true when the source reported that another consumer owns the
 	// lane: the batch was rolled back and dropped.
 	Fenced bool
+	// StandbyUnconfirmed is true when Config.StandbyAck is on and the batch
+	// was acknowledged after StandbyAck.Timeout although fewer standbys
+	// than required had confirmed its commit: a failover to a standby that
+	// lacks it now loses it.
+	StandbyUnconfirmed bool
 	// Err is the error that rolled back the whole batch, if any; its messages
-	// were then handed back for redelivery.
+	// were then handed back for redelivery. It matches ErrStandbyUnconfirmed
+	// when the batch committed but no standby could confirm it (see
+	// StandbyAck): its messages are reported as OutcomeUnknown.
 	Err error
 	// Durations of the phases: claiming keys, running handlers, commit,
 	// acknowledging to the source, and the whole batch.
 	Claim, Handle, Commit, Ack, Total time.Duration
+	// Standby is the time the batch waited, after its commit, for the
+	// standbys to confirm it (Config.StandbyAck); 0 when it is off.
+	Standby time.Duration
 }
 
 // MessageEvent says what became of one message of a batch.

@@ -18,6 +18,11 @@ func (c *Consumer) settle(ctx context.Context, b *Batch, items []*item, st *Batc
 	if errors.As(err, &ce) && ce.kind == commitUnknown {
 		err = c.resolveCommit(ctx, b, items, st, ce)
 	}
+	if err == nil && c.standbys != nil {
+		if err = c.awaitStandbys(ctx, b, st); err == nil && !st.CommitLost {
+			c.committedItems(items) // in-memory state follows what the standbys hold
+		}
+	}
 	if err != nil {
 		return c.abandon(ctx, b, items, st, err, start)
 	}
@@ -51,7 +56,8 @@ func (c *Consumer) abandon(ctx context.Context, b *Batch, items []*item, st *Bat
 	st.Err = err
 	st.Fenced = errors.Is(err, ErrFenced)
 	var ce *commitError
-	unknown := errors.As(err, &ce) && ce.kind == commitUnknown
+	standby := errors.Is(err, ErrStandbyUnconfirmed) // committed, and may be lost
+	unknown := errors.As(err, &ce) && ce.kind == commitUnknown || standby
 	for _, it := range items {
 		it.reset()
 		if unknown {
@@ -61,6 +67,9 @@ func (c *Consumer) abandon(ctx context.Context, b *Batch, items []*item, st *Bat
 	switch {
 	case st.Fenced:
 		c.log.InfoContext(ctx, "batch dropped: lane fenced by a newer owner", "lane", b.Lane, "err", err)
+	case standby:
+		c.log.WarnContext(ctx, "the batch committed, but no standby could confirm its commit: its messages are handed back to the source and delivered again, as duplicates if the commit survived on the server that is now the primary, applied again if it was lost",
+			"lane", b.Lane, "size", len(items), "err", err)
 	case unknown && c.txsrc != nil:
 		c.log.ErrorContext(ctx, "connection lost during commit, and whether the batch committed could not be found out: its messages are handed back to the source and delivered again while this consumer holds the lane, recognised as duplicates if it committed; if the lane moves first (a restart, a rebalance) and it committed, the source's position committed with it and they are not delivered again, their outcome stays unknown here",
 			"lane", b.Lane, "size", len(items), "err", err)

@@ -39,6 +39,7 @@ const StandbyName = "standby"
 type Replicated struct {
 	Primary, Standby *Cluster
 	sync             bool
+	fsync            bool
 }
 
 // StartReplicated starts a primary, copies it with pg_basebackup -R into a
@@ -59,7 +60,7 @@ func StartReplicated(ctx context.Context, opts ReplicaOptions) (*Replicated, err
 	if err != nil {
 		return nil, err
 	}
-	r := &Replicated{Primary: primary, sync: opts.Synchronous}
+	r := &Replicated{Primary: primary, sync: opts.Synchronous, fsync: opts.Fsync}
 	standby, err := startStandby(ctx, primary, opts.Fsync, logf)
 	if err != nil {
 		primary.Stop()
@@ -275,6 +276,28 @@ func (r *Replicated) Promote(ctx context.Context) error {
 		s.logf("pgtest: standby %s promoted", s.dir)
 	}
 	return err
+}
+
+// NewStandby makes another asynchronous standby of of (the promoted
+// standby, say, as an HA manager gives the new primary a standby again)
+// with pg_basebackup, starts it and returns once of lists it as streaming.
+// The caller must Stop it.
+func (r *Replicated) NewStandby(ctx context.Context, of *Cluster) (*Cluster, error) {
+	c, err := startStandby(ctx, of, r.fsync, of.logf)
+	if err != nil {
+		return nil, err
+	}
+	err = poll(ctx, "the new standby to stream", func() (bool, error) {
+		var n int
+		err := queryRow(ctx, of.url, `SELECT count(*) FROM pg_stat_replication
+WHERE application_name = $1 AND state = 'streaming'`, []any{StandbyName}, &n)
+		return n == 1, err
+	})
+	if err != nil {
+		c.Stop()
+		return nil, err
+	}
+	return c, nil
 }
 
 // Stop stops both servers and removes their data directories.

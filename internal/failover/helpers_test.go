@@ -2,6 +2,7 @@ package failover
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"sync"
@@ -148,6 +149,72 @@ func (p *pair) cutOff(h *progress, g *gate) (cut int, before map[string]int) {
 	return cut, p.effects(p.r.Primary)
 }
 
+// cutOffUnacknowledged is cutOff for a consumer with StandbyAck on, which
+// acknowledges nothing the standby lacks: it holds the consumer until
+// every one of its concurrency workers waits in a handler (so no batch
+// waits for the standby), lets the standby catch up and cuts it off, then
+// lets the consumer commit at least a batch's worth of effects on the
+// primary alone, and holds its handlers again. It returns how many messages were
+// applied (acknowledged) at the cut, and the primary's effects at the
+// end. Without StandbyAck, the batches committed after the cut are
+// acknowledged as they commit.
+func (p *pair) cutOffUnacknowledged(h *progress, g *gate, concurrency int) (cut int, before map[string]int) {
+	p.t.Helper()
+	g.holdAll(p.t, concurrency)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.r.CatchUp(ctx); err != nil {
+		p.t.Fatal(err)
+	}
+	if err := p.r.StopStreaming(ctx); err != nil {
+		p.t.Fatal(err)
+	}
+	cut, _, _ = h.counts()
+	atCut := rows(p.effects(p.r.Primary))
+	g.release()
+	p.waitEffects(p.r.Primary, atCut+batchSize)
+	// No handler passes from now on. (With StandbyAck, the workers may all
+	// be waiting for the standby, none at the gate.)
+	g.arm()
+	return cut, p.effects(p.r.Primary)
+}
+
+// waitEffects waits until the server c holds at least n effect rows.
+// Batches waiting for their standbys report nothing to wait on: the
+// server is asked every 20ms.
+func (p *pair) waitEffects(c *pgtest.Cluster, n int) {
+	p.t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		got := rows(p.effects(c))
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("%d effects after a minute, want at least %d", got, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// newStandby gives the server that accepts writes now (the promoted
+// standby) a standby of its own, as an HA manager does, so that a
+// consumer with StandbyAck on has its commits confirmed again.
+func (p *pair) newStandby() {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := p.r.NewStandby(ctx, p.r.Standby)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.t.Cleanup(func() {
+		if err := c.Stop(); err != nil {
+			p.t.Error(err)
+		}
+	})
+}
+
 // expectEach fails t unless final holds exactly one effect of each of the
 // workload's messages.
 func expectEach(t *testing.T, final map[string]int) {
@@ -225,7 +292,11 @@ type progress struct {
 	applied int
 	unknown int
 	errs    int
-	changed chan struct{}
+	fenced  int // batches dropped because the lane was fenced (Kafka: the offsets table went back)
+	// unconfirmed counts the batches acknowledged unconfirmed by
+	// StandbyAck's standbys, handedBack those it handed back.
+	unconfirmed, handedBack int
+	changed                 chan struct{}
 }
 
 func newProgress() *progress { return &progress{changed: make(chan struct{})} }
@@ -237,6 +308,15 @@ func (h *progress) BatchDone(_ context.Context, s *consumer.BatchStats) {
 	h.unknown += s.Unknown
 	if s.Err != nil {
 		h.errs++
+	}
+	if s.Fenced {
+		h.fenced++
+	}
+	if s.StandbyUnconfirmed {
+		h.unconfirmed++
+	}
+	if errors.Is(s.Err, consumer.ErrStandbyUnconfirmed) {
+		h.handedBack++
 	}
 	close(h.changed)
 	h.changed = make(chan struct{})
@@ -275,9 +355,44 @@ type gate struct {
 	mu     sync.Mutex
 	open   chan struct{} // while held, closed by release; nil otherwise
 	inside chan struct{} // receives when a handler waits at the held gate
+	// waiting counts the handlers waiting at the held gate; moved is
+	// closed and replaced when it changes.
+	waiting int
+	moved   chan struct{}
 }
 
-func newGate() *gate { return &gate{inside: make(chan struct{}, 1)} }
+func newGate() *gate { return &gate{inside: make(chan struct{}, 1), moved: make(chan struct{})} }
+
+// count adds d to the handlers waiting at the gate. g.mu is not held.
+func (g *gate) count(d int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.waiting += d
+	close(g.moved)
+	g.moved = make(chan struct{})
+}
+
+// holdAll makes the handlers wait, and returns once n of them wait at the
+// gate: with n the consumer's Concurrency, every batch in flight is then
+// in its handlers, none committing or waiting to be acknowledged.
+func (g *gate) holdAll(t *testing.T, n int) {
+	t.Helper()
+	g.arm()
+	timeout := time.After(time.Minute)
+	for {
+		g.mu.Lock()
+		waiting, moved := g.waiting, g.moved
+		g.mu.Unlock()
+		if waiting >= n {
+			return
+		}
+		select {
+		case <-moved:
+		case <-timeout:
+			t.Fatalf("%d handlers at the gate after a minute, want %d", waiting, n)
+		}
+	}
+}
 
 // pass is called by a handler before its statement: while the gate is
 // held it waits until it is released.
@@ -292,6 +407,8 @@ func (g *gate) pass(ctx context.Context) {
 	case g.inside <- struct{}{}:
 	default:
 	}
+	g.count(1)
+	defer g.count(-1)
 	select {
 	case <-open:
 	case <-ctx.Done():

@@ -31,6 +31,7 @@ type kafkaRun struct {
 	group string
 	h     *progress
 	g     *gate
+	ack   consumer.StandbyAck // the consumer's Config.StandbyAck
 }
 
 // newKafkaRun produces the workload: messages 0..N-1 with idempotency-key
@@ -100,6 +101,7 @@ func (k *kafkaRun) start() (*kafka.Source, *consumertest.Running) {
 		RetryBackoff:    20 * time.Millisecond,
 		MaxRetryBackoff: 100 * time.Millisecond,
 		Hooks:           []consumer.Hook{k.h},
+		StandbyAck:      k.ack,
 		Logger:          logger(),
 	})
 	return src, consumertest.Start(c)

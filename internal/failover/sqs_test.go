@@ -28,6 +28,7 @@ type sqsRun struct {
 	queue string
 	h     *progress
 	g     *gate
+	ack   consumer.StandbyAck // the consumer's Config.StandbyAck
 }
 
 // newSQSRun sends the workload: messages 0..N-1 with the idempotency-key
@@ -92,6 +93,7 @@ func (s *sqsRun) start() *consumertest.Running {
 		RetryBackoff:    20 * time.Millisecond,
 		MaxRetryBackoff: 100 * time.Millisecond,
 		Hooks:           []consumer.Hook{s.h},
+		StandbyAck:      s.ack,
 		Logger:          logger(),
 	})
 	return consumertest.Start(c)

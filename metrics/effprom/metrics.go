@@ -45,6 +45,7 @@ type Metrics struct {
 	messages  *prom.CounterVec
 	batches   *prom.CounterVec
 	reruns    *prom.CounterVec
+	standby   *prom.CounterVec
 	size      *prom.HistogramVec
 	duration  *prom.HistogramVec
 	claim     *prom.HistogramVec
@@ -93,6 +94,9 @@ func New(opts Options) (*Metrics, error) {
 		reruns: counter("handler_reruns_total",
 			"Handler calls beyond the first for a message within one batch: healthy messages re-run while a failing batch-mate was isolated. Their effects were rolled back; anything a handler did outside the transaction happened again.",
 			labelConsumer),
+		standby: counter("standby_unconfirmed_batches_total",
+			"Batches acknowledged although fewer standbys than consumer.Config.StandbyAck requires confirmed their commit within StandbyAck.Timeout: a failover to an asynchronous standby that lacks them loses them.",
+			labelConsumer),
 		size:     histogram("batch_size", "Messages fetched per batch.", opts.BatchSizeBuckets, labelConsumer),
 		duration: histogram("batch_duration_seconds", "Time from a batch's start to its settlement with the source.", d, labelConsumer),
 		claim:    histogram("claim_duration_seconds", "Time the dedupe strategy spent claiming a batch's keys.", d, labelConsumer, labelStrategy),
@@ -108,7 +112,7 @@ func New(opts Options) (*Metrics, error) {
 			Help: "Messages the consumer is behind its source, per lane, as last reported with SetLag."}, []string{labelConsumer, labelLane}),
 		strategies: newStrategyMetrics(ns, cl),
 	}
-	m.collected = []prom.Collector{m.messages, m.batches, m.reruns, m.size, m.duration, m.claim, m.handle, m.commit, m.ack, m.age, m.parked, m.lag}
+	m.collected = []prom.Collector{m.messages, m.batches, m.reruns, m.standby, m.size, m.duration, m.claim, m.handle, m.commit, m.ack, m.age, m.parked, m.lag}
 	return m, nil
 }
 
@@ -119,6 +123,7 @@ type series struct {
 	messages map[string]prom.Counter
 	batches  map[string]prom.Counter
 	reruns   prom.Counter
+	standby  prom.Counter
 	size     prom.Observer
 	duration prom.Observer
 	handle   prom.Observer
@@ -135,6 +140,7 @@ func (m *Metrics) seriesOf(name string) *series {
 		messages: make(map[string]prom.Counter, len(outcomes)),
 		batches:  make(map[string]prom.Counter, len(results)),
 		reruns:   m.reruns.WithLabelValues(name),
+		standby:  m.standby.WithLabelValues(name),
 		size:     m.size.WithLabelValues(name),
 		duration: m.duration.WithLabelValues(name),
 		handle:   m.handle.WithLabelValues(name),
@@ -169,6 +175,9 @@ func (m *Metrics) BatchDone(_ context.Context, st *consumer.BatchStats) {
 	add("unknown", st.Unknown)
 	if st.Reruns > 0 {
 		s.reruns.Add(float64(st.Reruns))
+	}
+	if st.StandbyUnconfirmed {
+		s.standby.Inc()
 	}
 
 	result := resultOK

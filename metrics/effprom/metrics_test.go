@@ -440,6 +440,33 @@ func TestReruns(t *testing.T) {
 	}
 }
 
+// TestStandbyUnconfirmed: a batch acknowledged without its standbys'
+// confirmation (consumer.Config.StandbyAck) is counted, from zero.
+func TestStandbyUnconfirmed(t *testing.T) {
+	t.Parallel()
+	m, err := effprom.New(effprom.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prom.NewPedanticRegistry()
+	reg.MustRegister(m)
+	ctx := context.Background()
+	batch := func(n uint64, unconfirmed bool) *consumer.BatchStats {
+		return &consumer.BatchStats{BatchInfo: consumer.BatchInfo{Consumer: "c", Strategy: "idset", Lane: "l", Batch: n, Size: 1},
+			Applied: 1, StandbyUnconfirmed: unconfirmed, Total: time.Millisecond}
+	}
+	m.BatchDone(ctx, batch(1, false))
+	const name = "effectively_standby_unconfirmed_batches_total"
+	if got := gather(t, reg).value(t, name, "consumer=c"); got != 0 {
+		t.Errorf("%s = %v after a confirmed batch, want 0", name, got)
+	}
+	m.BatchDone(ctx, batch(2, true))
+	m.BatchDone(ctx, batch(3, true))
+	if got := gather(t, reg).value(t, name, "consumer=c"); got != 2 {
+		t.Errorf("%s = %v, want 2", name, got)
+	}
+}
+
 // TestMessageDoneNamesItsConsumer: MessageDone takes the consumer from the
 // event, not from a context BatchStart prepared, and keeps consumers apart.
 func TestMessageDoneNamesItsConsumer(t *testing.T) {
