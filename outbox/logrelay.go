@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -211,6 +212,11 @@ func NewLogRelay(pool *pgxpool.Pool, cfg LogRelayConfig) (*LogRelay, error) {
 		repl.RuntimeParams = map[string]string{}
 	}
 	repl.RuntimeParams["replication"] = "database"
+	// The stream waits for messages under deadlines: a deadline must only
+	// interrupt the read, never cancel the walsender's work.
+	repl.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
 	h := fnv.New64a()
 	h.Write([]byte("effectively outbox slot " + cfg.Slot))
 	r := &LogRelay{pool: pool, cfg: cfg, t: newTables(cfg.Schema, cfg.Table), log: cfg.Logger,

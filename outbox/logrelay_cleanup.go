@@ -44,7 +44,9 @@ type LogHook interface {
 // watermark is the cleanup's bound: every row with an id up to upto
 // belongs to a transaction that had begun when it was taken. Once those
 // transactions ended (their virtual transaction IDs are gone) and the
-// slot confirmed past the WAL position of that moment, every such row was
+// slot confirmed past the WAL insert position of that moment (the insert
+// position, not pg_current_wal_lsn, the write position, which an
+// asynchronous commit's record can still be ahead of), every such row was
 // published or parked, and the published ones are deleted.
 type watermark struct {
 	upto  int64
@@ -101,7 +103,7 @@ func (r *LogRelay) cleanupStep(ctx context.Context, w *watermark, from int64) (*
 		var ended bool
 		var lsn string
 		err := r.pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'virtualxid' AND virtualxid = ANY($1)),
-    pg_current_wal_lsn()::text`, w.vxids).Scan(&ended, &lsn)
+    pg_current_wal_insert_lsn()::text`, w.vxids).Scan(&ended, &lsn)
 		if err != nil {
 			return w, from, err
 		}
@@ -121,7 +123,7 @@ func (r *LogRelay) cleanupStep(ctx context.Context, w *watermark, from int64) (*
 		if n > 0 {
 			r.log.Debug("outbox: log relay: cleanup", "deleted", n)
 		}
-		from, w = w.upto, nil
+		from, w = max(from, w.upto), nil
 	}
 	if w != nil {
 		return w, from, nil
@@ -133,9 +135,13 @@ func (r *LogRelay) cleanupStep(ctx context.Context, w *watermark, from int64) (*
 	if err := r.pool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM `+r.t.messages).Scan(&upto); err != nil {
 		return nil, from, err
 	}
+	if upto <= from {
+		return nil, from, nil // nothing new since the last cleanup
+	}
 	var vxids []string
 	if err := r.pool.QueryRow(ctx, `SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') FROM pg_locks
-WHERE locktype = 'relation' AND relation = $1::regclass AND mode = 'RowExclusiveLock' AND granted`,
+WHERE locktype = 'relation' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    AND relation = $1::regclass AND mode = 'RowExclusiveLock' AND granted`,
 		r.t.messages).Scan(&vxids); err != nil {
 		return nil, from, err
 	}

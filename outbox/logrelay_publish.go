@@ -176,6 +176,7 @@ func (r *LogRelay) parkHeld(ctx context.Context, rows []row) ([]row, error) {
 
 // park writes the parked rows, with their reasons, in one statement,
 // trying again until it succeeds or ctx is done, and holds their keys.
+// (The refusals were logged as they were classified.)
 // last_error is set with park_reason and kept by a redrive, which is how
 // the relay finds redriven rows again (reconcile).
 func (r *LogRelay) park(ctx context.Context, rows []row, reasons []string) error {
@@ -187,9 +188,6 @@ func (r *LogRelay) park(ctx context.Context, rows []row, reasons []string) error
 		ids[i] = x.id
 		if x.msg.Key != nil {
 			r.held[heldKey(&x.msg)] = true
-		}
-		if reasons[i] != "outbox: behind a parked message of its key" {
-			r.log.Warn("outbox: message refused for good, parked", "sink", x.msg.Sink, "id", x.msg.ID, "err", reasons[i])
 		}
 	}
 	for attempt := 1; ; attempt++ {

@@ -48,6 +48,13 @@ func startLogRelay(t *testing.T, db *pgxpool.Pool, cfg LogRelayConfig) (*LogRela
 	return r, run
 }
 
+// waitActive waits until r reads its slot: what is emitted from then on
+// comes through the stream, not from the table.
+func waitActive(t *testing.T, r *LogRelay) {
+	t.Helper()
+	waitUntil(t, time.Minute, "the relay reading its slot", func() bool { return r.Stats().Active })
+}
+
 // TestLogRelayCommitOrder: the log relay publishes in commit order, not in
 // id order: a transaction that drew its ids first and commits last is
 // published last; every message goes out with its ID and per key in seq
@@ -58,7 +65,7 @@ func TestLogRelayCommitOrder(t *testing.T) {
 	sink := newMemSink()
 	r, _ := startLogRelay(t, db, LogRelayConfig{Sinks: map[string]Sink{"s": sink}, BatchSize: 7})
 	// Creating the slot waits for the transactions open then: let it be.
-	waitUntil(t, time.Minute, "the relay reading", func() bool { return r.Stats().Active })
+	waitActive(t, r)
 
 	// early draws its id first and commits after late.
 	early, err := db.Begin(ctx)
@@ -141,6 +148,7 @@ func TestLogRelaySlotDropped(t *testing.T) {
 	ctx := context.Background()
 	sink := newMemSink()
 	r, _ := startLogRelay(t, db, LogRelayConfig{Sinks: map[string]Sink{"s": sink}})
+	waitActive(t, r)
 	emit(t, db, o, msg("a", "a1"), msg("b", "b1"))
 	sink.waitFor(t, time.Minute, "a1, b1", hasIDs("a1", "b1"))
 
@@ -199,7 +207,7 @@ func TestLogRelayCrashAndStandby(t *testing.T) {
 			once.Do(func() { close(crashed) })
 			return err
 		}})
-	waitUntil(t, time.Minute, "the first relay reading", func() bool { return first.Stats().Active })
+	waitActive(t, first)
 	second, run2 := startLogRelay(t, db, LogRelayConfig{Sinks: map[string]Sink{"s": sink}, BatchSize: 3, Owner: "second"})
 	var all []Message
 	for i := range 20 {
@@ -233,7 +241,8 @@ func TestLogRelayParkAndRedrive(t *testing.T) {
 	sink := newMemSink()
 	sink.refuse["a2"] = Permanent(errors.New("too large"))
 	sink.failTimes["b1"] = 2
-	startLogRelay(t, db, LogRelayConfig{Sinks: map[string]Sink{"s": sink}})
+	r, _ := startLogRelay(t, db, LogRelayConfig{Sinks: map[string]Sink{"s": sink}})
+	waitActive(t, r)
 	emit(t, db, o, msg("a", "a1"), msg("a", "a2"), msg("b", "b1"))
 	emit(t, db, o, msg("a", "a3"), msg("c", "c1"))
 	sink.waitFor(t, time.Minute, "a1, b1, c1", hasIDs("a1", "b1", "c1"))
@@ -264,6 +273,7 @@ func TestLogRelayCleanup(t *testing.T) {
 	sink := newMemSink()
 	sink.refuse["p"] = Permanent(errors.New("no"))
 	r, _ := startLogRelay(t, db, LogRelayConfig{Sinks: map[string]Sink{"s": sink}, CleanupInterval: 50 * time.Millisecond, CleanupBatch: 3})
+	waitActive(t, r)
 	var all []Message
 	for i := range 10 {
 		all = append(all, msg(fmt.Sprint("k", i%4), fmt.Sprint("m", i)))
@@ -290,7 +300,7 @@ func TestLogRelayKafka(t *testing.T) {
 	}
 	sinks := map[string]Sink{"s": kafkaSink(t, k, topic, 0)}
 	r, run := startLogRelay(t, db, LogRelayConfig{Sinks: sinks})
-	waitUntil(t, time.Minute, "the relay reading", func() bool { return r.Stats().Active })
+	waitActive(t, r)
 	var all []Message
 	for i := range 300 {
 		all = append(all, msg(fmt.Sprint("k", i%7), fmt.Sprintf("m%03d", i)))
@@ -331,4 +341,31 @@ func TestLogRelayKafka(t *testing.T) {
 		got = append(got, Message{Key: m.Key, ID: id})
 	}
 	checkSeqOrder(t, db, got)
+}
+
+// TestLogRelayCrashDuringRecovery: a relay that created its slot crashes
+// while publishing what the table held before it. The slot exists, but
+// cannot deliver those messages: the next relay finds the slot not ready
+// and publishes them from the table before reading it.
+func TestLogRelayCrashDuringRecovery(t *testing.T) {
+	db, o := setup(t, Config{})
+	sink := newMemSink()
+	var all []Message
+	for i := range 12 {
+		all = append(all, msg(fmt.Sprint("k", i%3), fmt.Sprintf("m%02d", i)))
+	}
+	emit(t, db, o, all...)
+	_, run1 := startLogRelay(t, db, LogRelayConfig{Sinks: map[string]Sink{"s": sink}, BatchSize: 4,
+		afterPublish: func([]row) error { return errCrash }})
+	<-run1.done
+	if !errors.Is(run1.err, errCrash) {
+		t.Fatalf("first relay: %v", run1.err)
+	}
+	r, _ := startLogRelay(t, db, LogRelayConfig{Sinks: map[string]Sink{"s": sink}, BatchSize: 4})
+	waitActive(t, r)
+	got := sink.waitFor(t, time.Minute, "every message", hasIDs(ids(all)...))
+	checkSeqOrder(t, db, got)
+	if st := r.Stats(); st.Recovered != int64(len(all)) || st.SlotsCreated != 0 {
+		t.Fatalf("stats %+v: want the %d messages recovered from the table, and the slot kept", st, len(all))
+	}
 }
