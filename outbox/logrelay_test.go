@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/kafkatest"
+	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
@@ -367,5 +370,68 @@ func TestLogRelayCrashDuringRecovery(t *testing.T) {
 	checkSeqOrder(t, db, got)
 	if st := r.Stats(); st.Recovered != int64(len(all)) || st.SlotsCreated != 0 {
 		t.Fatalf("stats %+v: want the %d messages recovered from the table, and the slot kept", st, len(all))
+	}
+}
+
+// TestLogRelaySlotInvalidated: on a server with max_slot_wal_keep_size,
+// the slot of a stopped relay falls behind and is invalidated while
+// messages wait in it. The next relay drops it, creates it again and
+// publishes the waiting messages from the table: nothing lost.
+func TestLogRelaySlotInvalidated(t *testing.T) {
+	if os.Getenv("TEST_DATABASE_URL") != "" {
+		t.Skip("needs a server of its own, with max_slot_wal_keep_size")
+	}
+	ctx := context.Background()
+	c, err := pgtest.Start(ctx, pgtest.Options{Settings: []string{"max_slot_wal_keep_size=1MB"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Stop() })
+	db, err := pgxpool.New(ctx, c.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	o, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dedupe.Migrate(ctx, db, "", o.Line()); err != nil {
+		t.Fatal(err)
+	}
+	sink := newMemSink()
+	r, run := startLogRelay(t, db, LogRelayConfig{Sinks: map[string]Sink{"s": sink}})
+	waitActive(t, r)
+	emit(t, db, o, msg("a", "a1"))
+	sink.waitFor(t, time.Minute, "a1", hasIDs("a1"))
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	emit(t, db, o, msg("a", "a2"), msg("b", "b1"))
+	emit(t, db, o, msg("a", "a3"))
+	if _, err := db.Exec(ctx, `CREATE TABLE filler (x text)`); err != nil {
+		t.Fatal(err)
+	}
+	for status := ""; status != "lost"; {
+		if _, err := db.Exec(ctx, `INSERT INTO filler SELECT md5(i::text) FROM generate_series(1, 100000) AS i`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec(ctx, `SELECT pg_switch_wal()`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec(ctx, `CHECKPOINT`); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.QueryRow(ctx, `SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r2, _ := startLogRelay(t, db, LogRelayConfig{Sinks: map[string]Sink{"s": sink}})
+	got := sink.waitFor(t, time.Minute, "a2, a3, b1", hasIDs("a2", "a3", "b1"))
+	if g := strings.Join(firstOrder(got)["a"], ","); g != "a1,a2,a3" {
+		t.Fatalf("key a: %s", g)
+	}
+	if st := r2.Stats(); st.SlotsLost != 1 || st.SlotsCreated != 1 {
+		t.Fatalf("stats %+v: want the invalidated slot replaced", st)
 	}
 }
