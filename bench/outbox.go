@@ -231,7 +231,7 @@ type Latency struct {
 // 20 ms meanwhile (5,000 a second, in one transaction per 100). pollOnly turns the relay's LISTEN off
 // (it polls every PollInterval, the default 1 s).
 func CommitToPublish(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, k *kafkatest.Cluster, topic string, probes int, load, pollOnly bool) (Latency, error) {
-	return commitToPublish(ctx, pool, ob, k, topic, probes, load, func(ctx context.Context, sink outbox.Sink) (func(context.Context) error, error) {
+	return commitToPublish(ctx, pool, ob, k, topic, probes, load, 0, func(ctx context.Context, sink outbox.Sink) (func(context.Context) error, error) {
 		r, err := outbox.NewRelay(pool, outbox.RelayConfig{Sinks: map[string]outbox.Sink{OutboxSink: sink}, BatchSize: 1000, PollOnly: pollOnly})
 		if err != nil {
 			return nil, err
@@ -241,15 +241,17 @@ func CommitToPublish(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox,
 }
 
 // LogCommitToPublish is CommitToPublish with an outbox.LogRelay, which
-// reads its slot (created beforehand, and dropped after).
-func LogCommitToPublish(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, k *kafkatest.Cluster, topic string, probes int, load bool) (Latency, error) {
+// reads its slot (created beforehand, and dropped after). batchTimeout,
+// when not 0, replaces the Writer's BatchTimeout (kafkatest.BatchTimeout):
+// a publish smaller than the Writer's BatchSize waits that long.
+func LogCommitToPublish(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, k *kafkatest.Cluster, topic string, probes int, load bool, batchTimeout time.Duration) (Latency, error) {
 	var lr *outbox.LogRelay
 	defer func() {
 		if lr != nil {
 			_ = dropSlot(context.WithoutCancel(ctx), pool, lr.Stats().Slot)
 		}
 	}()
-	return commitToPublish(ctx, pool, ob, k, topic, probes, load, func(ctx context.Context, sink outbox.Sink) (func(context.Context) error, error) {
+	return commitToPublish(ctx, pool, ob, k, topic, probes, load, batchTimeout, func(ctx context.Context, sink outbox.Sink) (func(context.Context) error, error) {
 		var err error
 		lr, err = readyLogRelay(ctx, pool, outbox.LogRelayConfig{Sinks: map[string]outbox.Sink{OutboxSink: sink}, BatchSize: 1000})
 		if err != nil {
@@ -261,8 +263,11 @@ func LogCommitToPublish(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outb
 
 // commitToPublish measures with the relay that start returns the Run of.
 func commitToPublish(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, k *kafkatest.Cluster, topic string, probes int, load bool,
-	start func(context.Context, outbox.Sink) (func(context.Context) error, error)) (Latency, error) {
+	batchTimeout time.Duration, start func(context.Context, outbox.Sink) (func(context.Context) error, error)) (Latency, error) {
 	w := KafkaWriter(k, topic)
+	if batchTimeout > 0 {
+		w.BatchTimeout = batchTimeout
+	}
 	defer w.Close()
 	ks, err := outbox.NewKafkaSink(w)
 	if err != nil {
@@ -383,6 +388,14 @@ func readyLogRelay(ctx context.Context, pool *pgxpool.Pool, cfg outbox.LogRelayC
 	cancel()
 	if err := <-done; err != nil {
 		return nil, err
+	}
+	// The server lets go of the slot a moment after the relay closed its
+	// connection; until then the next Run would stand by.
+	for active := true; active; {
+		if err := pool.QueryRow(ctx, `SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1`, r.Stats().Slot).Scan(&active); err != nil {
+			return nil, err
+		}
+		time.Sleep(time.Millisecond)
 	}
 	return r, nil
 }

@@ -180,10 +180,11 @@ ORDER BY part, sink, key, seq`, pgx.QueryExecModeExec)
 		if len(buf) == 0 {
 			return nil
 		}
-		if _, err := r.publishRows(ctx, buf); err != nil {
+		published, err := r.publishRows(ctx, buf)
+		total += int64(len(published))
+		if err != nil {
 			return err
 		}
-		total += int64(len(buf))
 		buf = buf[:0]
 		return nil
 	}

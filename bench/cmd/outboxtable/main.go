@@ -130,7 +130,8 @@ func run(scale float64, runs, probes int) error {
 	type latRow struct {
 		name           string
 		load, pollOnly bool
-		log            bool // the log relay
+		log            bool          // the log relay
+		linger         time.Duration // the Writer's BatchTimeout, when not the default
 		l              bench.Latency
 		err            error
 	}
@@ -138,6 +139,8 @@ func run(scale float64, runs, probes int) error {
 		{name: "NOTIFY, idle"}, {name: "NOTIFY, under load", load: true},
 		{name: "polling only (1 s), idle", pollOnly: true}, {name: "polling only (1 s), under load", load: true, pollOnly: true},
 		{name: "log relay, idle", log: true}, {name: "log relay, under load", load: true, log: true},
+		{name: "log relay, idle, Writer BatchTimeout 1 ms", log: true, linger: time.Millisecond},
+		{name: "log relay, under load, Writer BatchTimeout 1 ms", load: true, log: true, linger: time.Millisecond},
 	}
 	for _, l := range lats {
 		if err := bench.ResetOutbox(ctx, pool); err != nil {
@@ -145,7 +148,7 @@ func run(scale float64, runs, probes int) error {
 		}
 		// A row that fails is reported as failed, in the table.
 		if l.log {
-			l.l, l.err = bench.LogCommitToPublish(ctx, pool, ob, k, topic, probes, l.load)
+			l.l, l.err = bench.LogCommitToPublish(ctx, pool, ob, k, topic, probes, l.load, l.linger)
 		} else {
 			l.l, l.err = bench.CommitToPublish(ctx, pool, ob, k, topic, probes, l.load, l.pollOnly)
 		}
