@@ -139,6 +139,7 @@
 // decoding. Never run both on one outbox. docs/pipelines.md has the
 // details and the DBA's checklist.
 //
+// # Operating
 //
 // RelayConfig.Hooks report each publish pass (PassStats: per sink,
 // published, retried, parked and held messages, publish and
