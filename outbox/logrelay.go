@@ -239,12 +239,6 @@ var errStandby = errors.New("outbox: another relay reads the slot")
 // error only when it cannot go on (the server lacks logical decoding, the
 // role may not replicate, a setting is wrong).
 func (r *LogRelay) Run(ctx context.Context) error {
-	if err := r.ensurePublication(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
 	cctx, stopCleanup := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -312,6 +306,9 @@ func fatal(err error) bool {
 // session takes the slot, recovers what a new slot cannot deliver, and
 // streams until ctx is done or the stream fails.
 func (r *LogRelay) session(ctx context.Context) error {
+	if err := r.ensurePublication(ctx); err != nil {
+		return err
+	}
 	lc, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return err

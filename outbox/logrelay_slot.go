@@ -18,7 +18,7 @@ import (
 func (r *LogRelay) ensurePublication(ctx context.Context) error {
 	var exists bool
 	if err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, r.cfg.Publication).Scan(&exists); err != nil {
-		return fmt.Errorf("outbox: log relay: %w", err)
+		return fmt.Errorf("outbox: log relay: publication: %w", err)
 	}
 	if exists {
 		return nil
