@@ -290,6 +290,10 @@ func standby(err error) bool {
 // fatal reports whether err is a configuration the relay cannot overcome
 // by trying again.
 func fatal(err error) bool {
+	var elsewhere *slotElsewhereError
+	if errors.As(err, &elsewhere) {
+		return true
+	}
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) {
 		return false

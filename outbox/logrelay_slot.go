@@ -66,7 +66,7 @@ FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(&status, &db, 
 		return 0, err
 	}
 	if exists && db != here {
-		return 0, fmt.Errorf("outbox: log relay: slot %s belongs to database %q, not %q: set LogRelayConfig.Slot", r.cfg.Slot, db, here)
+		return 0, &slotElsewhereError{slot: r.cfg.Slot, db: db, here: here}
 	}
 	if exists && status != "lost" {
 		r.seen = true
@@ -224,4 +224,12 @@ FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(&lag)
 		return 0, fmt.Errorf("outbox: log relay: lag: %w", err)
 	}
 	return lag, nil
+}
+
+// slotElsewhereError: the slot's name is taken in another database. Run
+// stops with it: trying again cannot help.
+type slotElsewhereError struct{ slot, db, here string }
+
+func (e *slotElsewhereError) Error() string {
+	return fmt.Sprintf("outbox: log relay: slot %s belongs to database %q, not %q: set LogRelayConfig.Slot", e.slot, e.db, e.here)
 }

@@ -495,3 +495,46 @@ func TestLogRelayFailover(t *testing.T) {
 		t.Fatalf("stats %+v: want the slot found lost after the failover", st)
 	}
 }
+
+// TestLogRelayNeedsReplication: a role without the REPLICATION attribute
+// gets a clear error from Run, which stops instead of retrying forever.
+func TestLogRelayNeedsReplication(t *testing.T) {
+	db, _ := setup(t, Config{})
+	ctx := context.Background()
+	role := fmt.Sprintf("norepl_%d", time.Now().UnixNano())
+	for _, q := range []string{
+		`CREATE ROLE ` + role + ` LOGIN`,
+		`GRANT USAGE ON SCHEMA effectively TO ` + role,
+		`GRANT SELECT, UPDATE, DELETE ON ALL TABLES IN SCHEMA effectively TO ` + role,
+	} {
+		if _, err := db.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := db.Config().Copy()
+	cfg.ConnConfig.User = role
+	limited, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		limited.Close()
+		_, _ = db.Exec(context.Background(), `DROP OWNED BY `+role)
+		_, _ = db.Exec(context.Background(), `DROP ROLE `+role)
+	})
+	r, err := NewLogRelay(limited, LogRelayConfig{Sinks: map[string]Sink{"s": newMemSink()}, Logger: consumertest.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The owner creates the publication; the relay's role may not.
+	if _, err := db.Exec(ctx, `CREATE PUBLICATION `+r.cfg.Publication+` FOR TABLE effectively.outbox WITH (publish = 'insert')`); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	err = r.Run(rctx)
+	t.Logf("Run: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "replication") {
+		t.Fatalf("Run: %v; want an error saying replication is not allowed", err)
+	}
+}
