@@ -231,21 +231,57 @@ type Latency struct {
 // 20 ms meanwhile (5,000 a second, in one transaction per 100). pollOnly turns the relay's LISTEN off
 // (it polls every PollInterval, the default 1 s).
 func CommitToPublish(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, k *kafkatest.Cluster, topic string, probes int, load, pollOnly bool) (Latency, error) {
+	return commitToPublish(ctx, pool, ob, k, topic, probes, load, 0, func(ctx context.Context, sink outbox.Sink) (func(context.Context) error, error) {
+		r, err := outbox.NewRelay(pool, outbox.RelayConfig{Sinks: map[string]outbox.Sink{OutboxSink: sink}, BatchSize: 1000, PollOnly: pollOnly})
+		if err != nil {
+			return nil, err
+		}
+		return r.Run, nil
+	})
+}
+
+// LogCommitToPublish is CommitToPublish with an outbox.LogRelay, which
+// reads its slot (created beforehand, and dropped after). batchTimeout,
+// when not 0, replaces the Writer's BatchTimeout (kafkatest.BatchTimeout):
+// a publish smaller than the Writer's BatchSize waits that long.
+func LogCommitToPublish(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, k *kafkatest.Cluster, topic string, probes int, load bool, batchTimeout time.Duration) (Latency, error) {
+	var lr *outbox.LogRelay
+	defer func() {
+		if lr != nil {
+			_ = dropSlot(context.WithoutCancel(ctx), pool, lr.Stats().Slot)
+		}
+	}()
+	return commitToPublish(ctx, pool, ob, k, topic, probes, load, batchTimeout, func(ctx context.Context, sink outbox.Sink) (func(context.Context) error, error) {
+		var err error
+		lr, err = readyLogRelay(ctx, pool, outbox.LogRelayConfig{Sinks: map[string]outbox.Sink{OutboxSink: sink}, BatchSize: 1000})
+		if err != nil {
+			return nil, err
+		}
+		return lr.Run, nil
+	})
+}
+
+// commitToPublish measures with the relay that start returns the Run of.
+func commitToPublish(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, k *kafkatest.Cluster, topic string, probes int, load bool,
+	batchTimeout time.Duration, start func(context.Context, outbox.Sink) (func(context.Context) error, error)) (Latency, error) {
 	w := KafkaWriter(k, topic)
+	if batchTimeout > 0 {
+		w.BatchTimeout = batchTimeout
+	}
 	defer w.Close()
 	ks, err := outbox.NewKafkaSink(w)
 	if err != nil {
 		return Latency{}, err
 	}
 	sink := &timedSink{inner: ks, commits: map[string]time.Time{}}
-	r, err := outbox.NewRelay(pool, outbox.RelayConfig{Sinks: map[string]outbox.Sink{OutboxSink: sink}, BatchSize: 1000, PollOnly: pollOnly})
+	run, err := start(ctx, sink)
 	if err != nil {
 		return Latency{}, err
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
+	go func() { done <- run(runCtx) }()
 
 	var loaded atomic.Int64
 	loadDone := make(chan error, 1)
@@ -328,4 +364,90 @@ func CommitToPublish(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox,
 	lat := slices.Clone(sink.lat)
 	slices.Sort(lat)
 	return Latency{P50: lat[len(lat)/2], P99: lat[(len(lat)*99)/100], Samples: len(lat), Load: int(loaded.Load())}, nil
+}
+
+// readyLogRelay returns a LogRelay whose slot exists and is ready: it runs
+// one until it reads the slot (creating it, and publishing what the table
+// holds) and stops it, so that the next Run reads from the slot.
+func readyLogRelay(ctx context.Context, pool *pgxpool.Pool, cfg outbox.LogRelayConfig) (*outbox.LogRelay, error) {
+	r, err := outbox.NewLogRelay(pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	for !r.Stats().Active {
+		select {
+		case err := <-done:
+			cancel()
+			return nil, fmt.Errorf("log relay stopped early: %v", err)
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		return nil, err
+	}
+	// The server lets go of the slot a moment after the relay closed its
+	// connection; until then the next Run would stand by.
+	for active := true; active; {
+		if err := pool.QueryRow(ctx, `SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1`, r.Stats().Slot).Scan(&active); err != nil {
+			return nil, err
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return r, nil
+}
+
+// dropSlot drops a log relay's slot, so that the next run starts afresh
+// (the other benchmarks' emits are not in it).
+func dropSlot(ctx context.Context, pool *pgxpool.Pool, slot string) error {
+	for i := 0; ; i++ {
+		_, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
+		if err == nil || i == 100 {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond) // the stopped reader lets go of it
+	}
+}
+
+// LogRelayThroughput emits n messages (untimed) while the log relay is
+// stopped, its slot ready, then times one LogRelay publishing them all to
+// topic from its slot. The slot is dropped afterwards.
+func LogRelayThroughput(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, k *kafkatest.Cluster, topic string, n int) (time.Duration, error) {
+	w := KafkaWriter(k, topic)
+	defer w.Close()
+	sink, err := outbox.NewKafkaSink(w)
+	if err != nil {
+		return 0, err
+	}
+	r, err := readyLogRelay(ctx, pool, outbox.LogRelayConfig{Sinks: map[string]outbox.Sink{OutboxSink: sink}, BatchSize: 1000})
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = dropSlot(context.WithoutCancel(ctx), pool, r.Stats().Slot) }()
+	before := r.Stats().Published
+	msgs := outboxMessages(n)
+	for lo := 0; lo < n; lo += 1000 {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ob.Emit(ctx, tx, msgs[lo:min(lo+1000, n)]...) })
+		if err != nil {
+			return 0, err
+		}
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	for r.Stats().Published-before < int64(n) {
+		select {
+		case err := <-done:
+			return 0, fmt.Errorf("log relay stopped early: %v", err)
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	elapsed := time.Since(start)
+	cancel()
+	return elapsed, <-done
 }

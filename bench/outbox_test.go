@@ -39,6 +39,12 @@ func TestOutboxBenchmarks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if err := bench.ResetOutbox(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bench.LogRelayThroughput(ctx, pool, ob, k, topic, 2000); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := bench.WriterThroughput(ctx, k, topic, 2000); err != nil {
 		t.Fatal(err)
 	}
@@ -51,5 +57,14 @@ func TestOutboxBenchmarks(t *testing.T) {
 	}
 	if l.Samples != 10 || l.P50 <= 0 {
 		t.Fatalf("latency %+v, want 10 samples", l)
+	}
+	if err := bench.ResetOutbox(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if l, err = bench.LogCommitToPublish(ctx, pool, ob, k, topic, 10, true, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if l.Samples != 10 || l.P50 <= 0 {
+		t.Fatalf("log relay latency %+v, want 10 samples", l)
 	}
 }

@@ -125,6 +125,24 @@
 // Run returns when its context is done, after marking what the pass in
 // progress published and giving its leases back.
 //
+// # Reading the log instead
+//
+// LogRelay publishes the same outbox from PostgreSQL's logical replication
+// stream (pgoutput, through jackc/pglogrepl): each committed transaction's
+// rows arrive once it commits, in commit order, so it needs no cursor, no
+// lease and no mark per message. Its position is its replication slot's
+// confirmed LSN, advanced only once the sinks acknowledged everything
+// before it. One relay reads a slot at a time (PostgreSQL allows one
+// walsender per slot); others stand by and take over. The table keeps each
+// row until the slot confirmed it: a slot dropped, lost in a failover or
+// invalidated by max_slot_wal_keep_size is created again and the
+// unconfirmed rows are published from the table, in seq order per key,
+// with the same IDs. The cleanup deletes confirmed rows by id range. It
+// needs wal_level = logical, a role with REPLICATION and a direct
+// connection; Relay remains the choice behind PgBouncer or without logical
+// decoding. Never run both on one outbox. docs/pipelines.md has the
+// details and the DBA's checklist.
+//
 // # Operating
 //
 // RelayConfig.Hooks report each publish pass (PassStats: per sink,

@@ -32,7 +32,7 @@ type Config struct {
 	// Schema holds the outbox's tables. Defaults to DefaultSchema.
 	Schema string
 	// Table is the messages table; the other tables take it as a prefix
-	// (Table_counters, Table_leases, Table_relays). Defaults to
+	// (Table_counters, Table_leases, Table_relays, Table_slots). Defaults to
 	// DefaultTable.
 	Table string
 	// Sinks, when set, lists the sink names Emit accepts, so that a typo
@@ -54,9 +54,9 @@ type Outbox struct {
 }
 
 type tables struct {
-	messages, counters, leases, relays string // quoted, schema-qualified
-	channel                            string // raw channel name
-	line                               dedupe.Line
+	messages, counters, leases, relays, slots string // quoted, schema-qualified
+	channel                                   string // raw channel name
+	line                                      dedupe.Line
 }
 
 func newTables(schema, table string) tables {
@@ -67,6 +67,7 @@ func newTables(schema, table string) tables {
 		counters: q(table + "_counters"),
 		leases:   q(table + "_leases"),
 		relays:   q(table + "_relays"),
+		slots:    q(table + "_slots"),
 		channel:  channel(schema, table),
 		line: dedupe.Line{
 			Name: "outbox:" + table,
@@ -77,6 +78,7 @@ func newTables(schema, table string) tables {
 				"counters": table + "_counters",
 				"leases":   table + "_leases",
 				"relays":   table + "_relays",
+				"slots":    table + "_slots",
 			},
 		},
 	}

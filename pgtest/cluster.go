@@ -115,6 +115,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		"port=" + port,
 		"max_connections=300",
 		"shared_buffers=128MB",
+		"wal_level=logical", "max_replication_slots=64", "max_wal_senders=64",
 	}
 	if !opts.Fsync {
 		settings = append(settings, "fsync=off", "synchronous_commit=off", "full_page_writes=off")
@@ -277,6 +278,22 @@ func dropDatabase(ctx context.Context, serverURL, name string) error {
 		return fmt.Errorf("pgtest: %w", err)
 	}
 	defer conn.Close(context.Background())
+	// A logical replication slot keeps its database from being dropped:
+	// end its reader and drop it first.
+	if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+WHERE database = $1 AND active_pid IS NOT NULL`, name); err != nil {
+		return fmt.Errorf("pgtest: drop database %s: %w", name, err)
+	}
+	for i := 0; ; i++ {
+		_, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1`, name)
+		if err == nil {
+			break
+		}
+		if i == 50 || ctx.Err() != nil { // a terminated reader may hold its slot a moment longer
+			return fmt.Errorf("pgtest: drop database %s: %w", name, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
 		return fmt.Errorf("pgtest: drop database %s: %w", name, err)
 	}

@@ -121,6 +121,7 @@ func startStandby(ctx context.Context, primary *Cluster, fsync bool, logf func(s
 		"max_connections=300",
 		"shared_buffers=128MB",
 		"cluster_name=" + StandbyName,
+		"wal_level=logical", "max_replication_slots=64", "max_wal_senders=64", // at least the primary's
 	}
 	if !fsync {
 		settings = append(settings, "fsync=off", "full_page_writes=off")

@@ -3,7 +3,8 @@
 // BENCHMARKS.md's table: the engine's BatchHandler with one emit per
 // message against the same without, the relay against a plain kafka-go
 // Writer writing the same messages to the same topic, and commit-to-publish
-// latency with NOTIFY and with polling only, idle and under load.
+// latency with NOTIFY, with polling only and with the log relay, idle and
+// under load; the log relay (logical replication) against the same Writer.
 //
 //	go run ./bench/cmd/outboxtable [-scale 1] [-runs 3]
 //
@@ -75,7 +76,7 @@ func run(scale float64, runs, probes int) error {
 	// (a) and (b): runs interleaved, so the machine's changing load falls
 	// on both sides alike; each ratio is the median of the runs' ratios.
 	nEmit, nRelay := int(40000*scale), int(50000*scale)
-	var plain, emit, relay, relayDel, writer, emitRatio, relayRatio, relayDelRatio []float64
+	var plain, emit, relay, relayDel, logRelay, writer, emitRatio, relayRatio, relayDelRatio, logRatio []float64
 	for r := 1; r <= runs; r++ {
 		if err := bench.ResetOutbox(ctx, pool); err != nil {
 			return err
@@ -110,30 +111,47 @@ func run(scale float64, runs, probes int) error {
 			return fmt.Errorf("relay (DeleteOnPublish): %w", err)
 		}
 		relayDel = append(relayDel, float64(nRelay)/d.Seconds())
+		if err := bench.ResetOutbox(ctx, pool); err != nil {
+			return err
+		}
+		if d, err = bench.LogRelayThroughput(ctx, pool, ob, k, topic, nRelay); err != nil {
+			return fmt.Errorf("log relay: %w", err)
+		}
+		logRelay = append(logRelay, float64(nRelay)/d.Seconds())
+		logRatio = append(logRatio, logRelay[r-1]/writer[r-1])
 		emitRatio = append(emitRatio, emit[r-1]/plain[r-1])
 		relayRatio = append(relayRatio, relay[r-1]/writer[r-1])
 		relayDelRatio = append(relayDelRatio, relayDel[r-1]/writer[r-1])
-		fmt.Fprintf(os.Stderr, "run %d: BatchHandler %.0f, + emit %.0f msgs/s; relay %.0f, relay (DeleteOnPublish) %.0f, Writer %.0f msgs/s\n",
-			r, plain[r-1], emit[r-1], relay[r-1], relayDel[r-1], writer[r-1])
+		fmt.Fprintf(os.Stderr, "run %d: BatchHandler %.0f, + emit %.0f msgs/s; relay %.0f, relay (DeleteOnPublish) %.0f, log relay %.0f, Writer %.0f msgs/s\n",
+			r, plain[r-1], emit[r-1], relay[r-1], relayDel[r-1], logRelay[r-1], writer[r-1])
 	}
 
 	// (c)
 	type latRow struct {
 		name           string
 		load, pollOnly bool
+		log            bool          // the log relay
+		linger         time.Duration // the Writer's BatchTimeout, when not the default
 		l              bench.Latency
 		err            error
 	}
 	lats := []*latRow{
 		{name: "NOTIFY, idle"}, {name: "NOTIFY, under load", load: true},
 		{name: "polling only (1 s), idle", pollOnly: true}, {name: "polling only (1 s), under load", load: true, pollOnly: true},
+		{name: "log relay, idle", log: true}, {name: "log relay, under load", load: true, log: true},
+		{name: "log relay, idle, Writer BatchTimeout 1 ms", log: true, linger: time.Millisecond},
+		{name: "log relay, under load, Writer BatchTimeout 1 ms", load: true, log: true, linger: time.Millisecond},
 	}
 	for _, l := range lats {
 		if err := bench.ResetOutbox(ctx, pool); err != nil {
 			return err
 		}
 		// A row that fails is reported as failed, in the table.
-		l.l, l.err = bench.CommitToPublish(ctx, pool, ob, k, topic, probes, l.load, l.pollOnly)
+		if l.log {
+			l.l, l.err = bench.LogCommitToPublish(ctx, pool, ob, k, topic, probes, l.load, l.linger)
+		} else {
+			l.l, l.err = bench.CommitToPublish(ctx, pool, ob, k, topic, probes, l.load, l.pollOnly)
+		}
 		fmt.Fprintf(os.Stderr, "latency %s: p50 %s p99 %s err %v\n", l.name, l.l.P50, l.l.P99, l.err)
 	}
 
@@ -150,12 +168,20 @@ func run(scale float64, runs, probes int) error {
 	rd := median(relayDelRatio)
 	fmt.Printf("| relay → Kafka, Retention: DeleteOnPublish, against the same Writer | %d | %.0f msgs/s | %.0f msgs/s | %.0f%% | ≥ 70%% %s |\n",
 		nRelay, median(relayDel), median(writer), 100*rd, mark(rd >= 0.7))
+	lr := median(logRatio)
+	fmt.Printf("| log relay (logical replication) → Kafka, against the same Writer | %d | %.0f msgs/s | %.0f msgs/s | %.0f%% | ≥ 80%% %s |\n",
+		nRelay, median(logRelay), median(writer), 100*lr, mark(lr >= 0.8))
 	fmt.Println()
 	fmt.Println("| commit-to-publish latency | probes | p50 | p99 | load (msgs emitted meanwhile) | target |")
 	fmt.Println("|---|---:|---:|---:|---:|---|")
 	for _, l := range lats {
 		target := "—"
-		if !l.pollOnly {
+		switch {
+		case l.log && l.load:
+			target = "p50 ≤ 5 ms, p99 ≤ 20 ms " + mark(l.l.P50 <= 5*time.Millisecond && l.l.P99 <= 20*time.Millisecond)
+		case l.log:
+			target = "p50 ≤ 5 ms " + mark(l.l.P50 <= 5*time.Millisecond)
+		case !l.pollOnly:
 			target = "p50 < 50 ms " + mark(l.l.P50 < 50*time.Millisecond)
 		}
 		if l.err != nil {
