@@ -50,10 +50,11 @@ func TestMigrate(t *testing.T) {
 		t.Fatal("the script did not create the 5 tables of schema ops (schema_migrations, parked, marks, advances, kafka_offsets)")
 	}
 
-	// The outbox's tables come with --outbox, under --outbox-table (its two
-	// migrations: the tables, then the index of the rows that block a key).
+	// The outbox's tables come with --outbox, under --outbox-table (its three
+	// migrations: the tables, the index of the rows that block a key, the
+	// log relay's slots table and index).
 	r = e.must(stock, "migrate", "--outbox", "--outbox-table", "orders_outbox", "--no-parked", "--no-strategy", "--yes")
-	if !strings.Contains(r.out, "applied 2 migration(s)") {
+	if !strings.Contains(r.out, "applied 3 migration(s)") {
 		t.Fatalf("migrate --outbox: %s", r.out)
 	}
 	if e.count(`SELECT count(*) FROM pg_tables WHERE schemaname = 'effectively' AND tablename = 'orders_outbox'`) != 1 {
