@@ -184,10 +184,14 @@ func (r *Replicated) CreateDatabase(ctx context.Context, name string) (string, e
 }
 
 // CatchUp returns once the standby has replayed everything the primary
-// had written when CatchUp was called.
+// had committed when CatchUp was called, written out or not.
 func (r *Replicated) CatchUp(ctx context.Context) error {
 	var lsn string
-	if err := queryRow(ctx, r.Primary.url, "SELECT pg_current_wal_lsn()::text", nil, &lsn); err != nil {
+	// The insert position, not the write position: under asynchronous
+	// commit (the throwaway clusters' default) a commit's record can sit
+	// in the WAL buffers, past pg_current_wal_lsn(), until the WAL writer
+	// writes it out, and a catch-up to the write position would miss it.
+	if err := queryRow(ctx, r.Primary.url, "SELECT pg_current_wal_insert_lsn()::text", nil, &lsn); err != nil {
 		return fmt.Errorf("pgtest: %w", err)
 	}
 	return poll(ctx, "the standby to replay "+lsn, func() (bool, error) {
