@@ -387,18 +387,7 @@ func TestLogRelaySlotInvalidated(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Stop() })
-	db, err := pgxpool.New(ctx, c.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	o, err := New(Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := dedupe.Migrate(ctx, db, "", o.Line()); err != nil {
-		t.Fatal(err)
-	}
+	db, o := migratedOutbox(t, c.URL())
 	sink := newMemSink()
 	r, run := startLogRelay(t, db, LogRelayConfig{Sinks: map[string]Sink{"s": sink}})
 	waitActive(t, r)
@@ -455,18 +444,7 @@ func TestLogRelayFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	db, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	o, err := New(Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := dedupe.Migrate(ctx, db, "", o.Line()); err != nil {
-		t.Fatal(err)
-	}
+	db, o := migratedOutbox(t, url)
 	sink := newMemSink()
 	r, run := startLogRelay(t, db, LogRelayConfig{Sinks: map[string]Sink{"s": sink}})
 	waitActive(t, r)
@@ -537,4 +515,24 @@ func TestLogRelayNeedsReplication(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "replication") {
 		t.Fatalf("Run: %v; want an error saying replication is not allowed", err)
 	}
+}
+
+// migratedOutbox returns a pool on the database at url, closed at the end
+// of the test, and an outbox with its tables migrated there.
+func migratedOutbox(t *testing.T, url string) (*pgxpool.Pool, *Outbox) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	o, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dedupe.Migrate(ctx, db, "", o.Line()); err != nil {
+		t.Fatal(err)
+	}
+	return db, o
 }

@@ -294,7 +294,6 @@ type counter struct {
 
 type totals struct{ Delivered, Applied, Duplicate, Parked int }
 
-
 func (c *counter) BatchDone(_ context.Context, s *consumer.BatchStats) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
