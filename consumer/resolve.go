@@ -54,7 +54,9 @@ func (c *Consumer) resolveCommit(ctx context.Context, b *Batch, items []*item, s
 		c.log.InfoContext(ctx, "connection lost during commit of a batch without new messages; settling it as decided",
 			"lane", b.Lane, "size", len(items), "err", ce.err)
 		st.CommitLost = true
-		c.committedItems(items)
+		if c.standbys == nil { // else once the standbys confirmed it (settle)
+			c.committedItems(items)
+		}
 		return nil
 	}
 	if len(keys) == 0 {
@@ -72,7 +74,9 @@ func (c *Consumer) resolveCommit(ctx context.Context, b *Batch, items []*item, s
 		st.CommitLost = true
 		c.log.WarnContext(ctx, "connection lost during commit; the batch had committed, and its messages are acknowledged",
 			"lane", b.Lane, "size", len(items), "err", ce.err)
-		c.committedItems(items)
+		if c.standbys == nil { // else once the standbys confirmed it (settle)
+			c.committedItems(items)
+		}
 		return nil
 	default:
 		st.CommitLost = true

@@ -19,7 +19,7 @@ func (c *Consumer) settle(ctx context.Context, b *Batch, items []*item, st *Batc
 		err = c.resolveCommit(ctx, b, items, st, ce)
 	}
 	if err == nil && c.standbys != nil {
-		if err = c.awaitStandbys(ctx, b, st); err == nil && !st.CommitLost {
+		if err = c.awaitStandbys(ctx, b, st); err == nil {
 			c.committedItems(items) // in-memory state follows what the standbys hold
 		}
 	}
