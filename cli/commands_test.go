@@ -23,7 +23,7 @@ func TestMigrate(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	r := e.must(stock, "migrate", "--kafka", "--yes")
-	if !strings.Contains(r.out, "applied 4 migration(s)") {
+	if !strings.Contains(r.out, "applied 5 migration(s)") {
 		t.Fatalf("first migrate: %s", r.out)
 	}
 	for _, table := range []string{"effectively.parked", "effectively.processed", "effectively.kafka_offsets"} {

@@ -2,7 +2,10 @@ package failover
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,6 +35,9 @@ type kafkaRun struct {
 	h     *progress
 	g     *gate
 	ack   consumer.StandbyAck // the consumer's Config.StandbyAck
+	// failing, while it holds true, fails the handler of message k-0
+	// (partition 0's first) at each attempt.
+	failing atomic.Bool
 }
 
 // newKafkaRun produces the workload: messages 0..N-1 with idempotency-key
@@ -95,11 +101,15 @@ func (k *kafkaRun) start() (*kafka.Source, *consumertest.Running) {
 		BatchSize: batchSize,
 		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			k.g.pass(ctx)
+			if m.DedupeKey.ID == "k-0" && k.failing.Load() {
+				return errors.New("k-0 fails while the test says so")
+			}
 			_, err := tx.Exec(ctx, `INSERT INTO effects (msg_id) VALUES ($1)`, m.DedupeKey.ID)
 			return err
 		},
 		RetryBackoff:    20 * time.Millisecond,
 		MaxRetryBackoff: 100 * time.Millisecond,
+		MaxAttempts:     100_000, // k-0 fails for as long as a test says
 		Hooks:           []consumer.Hook{k.h},
 		StandbyAck:      k.ack,
 		Logger:          logger(),
@@ -134,7 +144,7 @@ func (k *kafkaRun) waitAll() {
 		case <-changed:
 		case <-timeout:
 			counts := k.p.effects(k.p.r.Standby)
-			k.t.Fatalf("after a minute %d of %d messages have an effect", len(counts), messages)
+			k.t.Fatalf("after a minute %d of %d messages have an effect; missing by partition: %v", len(counts), messages, missingByPartition(counts))
 		}
 	}
 }
@@ -290,4 +300,106 @@ func TestKafkaAsynchronousFailoverLosesTheFirstCommits(t *testing.T) {
 			expectEach(t, final)
 		})
 	}
+}
+
+// missingByPartition describes the workload's messages without an effect
+// in counts, by the partition they were produced to: how many, and the
+// lowest and highest index.
+func missingByPartition(counts map[string]int) map[int]string {
+	out := map[int]string{}
+	for p := range partitions {
+		n, lo, hi := 0, -1, -1
+		for i := p; i < messages; i += partitions {
+			if counts["k-"+strconv.Itoa(i)] == 0 {
+				n++
+				if lo < 0 {
+					lo = i
+				}
+				hi = i
+			}
+		}
+		if n > 0 {
+			out[p] = fmt.Sprintf("%d (k-%d..k-%d)", n, lo, hi)
+		}
+	}
+	return out
+}
+
+// An asynchronous failover that loses commits which did not move their
+// partition's stored offset: partition 0's first message keeps failing, so
+// the partition's commit point (the offset stored with each batch) stays
+// at 0 while the batches after it commit. The standby is cut off, more of
+// partition 0's batches commit on the primary alone, and the primary dies:
+// the promoted standby lacks those commits, yet holds the same offset, 0,
+// that the running consumer knows it stored. The source must still see
+// that its partition went back and consume it again from the stored
+// offset; every message ends with exactly one effect. (Before it checked
+// the highest offset committed as well, the lost batches were never
+// applied.)
+func TestKafkaAsynchronousFailoverBehindARetry(t *testing.T) {
+	p := startPair(t, false)
+	k := newKafkaRun(t, p)
+	k.failing.Store(true)
+	_, r := k.start()
+
+	k.h.waitApplied(t, messages/10)
+	k.waitStored()
+	k.g.hold(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.r.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.r.StopStreaming(ctx); err != nil {
+		t.Fatal(err)
+	}
+	atCut := p.effects(p.r.Primary)
+	k.g.release()
+	// Wait for partition 0's batches to commit on the primary alone.
+	k.waitPrimary(func(effects map[string]int) bool {
+		return partitionGrew(atCut, effects, 0, 2*batchSize)
+	})
+	k.g.hold(t)
+	before := p.effects(p.r.Primary)
+	promoted := p.killAndPromote(k.g)
+	if !partitionGrew(promoted, before, 0, batchSize) {
+		t.Fatalf("the promoted standby lacks fewer than %d of partition 0's effects: the test proves nothing", batchSize)
+	}
+	k.failing.Store(false)
+	k.waitAll()
+	r.Stop(t)
+	expectEach(t, p.effects(p.r.Standby))
+}
+
+// waitPrimary waits until the primary's effects satisfy done, checked
+// after each batch the consumer reports.
+func (k *kafkaRun) waitPrimary(done func(map[string]int) bool) {
+	k.t.Helper()
+	timeout := time.After(time.Minute)
+	for {
+		k.h.mu.Lock()
+		changed := k.h.changed
+		k.h.mu.Unlock()
+		if done(k.p.effects(k.p.r.Primary)) {
+			return
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			k.t.Fatal("the primary's effects did not reach the expected state within a minute")
+		}
+	}
+}
+
+// partitionGrew reports whether after holds at least n more effects of
+// partition p's messages than before.
+func partitionGrew(before, after map[string]int, p, n int) bool {
+	count := func(effects map[string]int) int {
+		c := 0
+		for i := p; i < messages; i += partitions {
+			c += effects["k-"+strconv.Itoa(i)]
+		}
+		return c
+	}
+	return count(after)-count(before) >= n
 }

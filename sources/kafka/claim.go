@@ -22,7 +22,7 @@ const (
 // process), until all are claimed or ctx is done. Partitions owned by a
 // newer generation are logged and left alone. Without the offsets table
 // every partition starts at once.
-func (s *Source) claimPartitions(ctx context.Context, gen int32, tps []topicPartition, start func([]topicPartition, map[topicPartition]int64)) {
+func (s *Source) claimPartitions(ctx context.Context, gen int32, tps []topicPartition, start func([]topicPartition, map[topicPartition]position)) {
 	if s.store == nil {
 		start(tps, nil)
 		return

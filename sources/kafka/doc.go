@@ -25,7 +25,12 @@
 // offset whose Kafka commit carries it lost its row with the database's
 // last commits (an asynchronous failover, a restore), and its effects and
 // markers with it: the source consumes it again from its origin, not from
-// the offset in Kafka (docs/failover.md). A consumer
+// the offset in Kafka (docs/failover.md). Each batch also stores the
+// offset after its highest committed record (high_offset), which moves
+// while a retried message holds the next offset back: a running consumer
+// whose write finds either offset lower than it stored (the database lost
+// commits) drops the batch and rejoins, consuming again from the stored
+// offset. A consumer
 // of an older generation (a zombie that missed a rebalance) can then no
 // longer write the row: its BeforeCommit fails with an error wrapping
 // consumer.ErrFenced, the transaction rolls back, and its batch leaves no

@@ -177,7 +177,7 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 	var commits map[topicPartition]kafkaCommit
 	// startLanes starts consuming the claimed partitions, each from its
 	// offset stored in Postgres (-1: none), else the one in Kafka.
-	startLanes := func(claimed []topicPartition, stored map[topicPartition]int64) {
+	startLanes := func(claimed []topicPartition, stored map[topicPartition]position) {
 		type started struct {
 			l     *lane
 			start int64
@@ -191,13 +191,13 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 			l := &lane{
 				name: laneName(tp.topic, tp.partition), topic: tp.topic, partition: tp.partition, gen: g,
 				fetched: -1, delivered: -1, committed: -1, persisted: -1, writing: -1, kafkaCommitted: -1,
-				origin: origin,
+				persistedHigh: -1, writingHigh: -1, origin: origin,
 			}
 			if start >= 0 {
 				l.fetched, l.delivered, l.committed = start, start, start
 			}
-			if next, ok := stored[tp]; ok && s.store != nil && next >= 0 {
-				l.persisted = next
+			if pos, ok := stored[tp]; ok && s.store != nil {
+				l.persisted, l.persistedHigh = pos.next, pos.high
 			}
 			if k := kafkaStart[tp]; k >= 0 {
 				l.kafkaCommitted = k

@@ -40,8 +40,10 @@ type lane struct {
 	// (or after dropped records, once nothing before them is outstanding),
 	// persisted what the offsets table is known to hold, writing what the
 	// in-flight batch's BeforeCommit stored, and kafkaCommitted what Kafka
-	// holds; -1 when unknown.
+	// holds; -1 when unknown. persistedHigh and writingHigh are the same
+	// for the table's high offset (see position).
 	fetched, delivered, committed, persisted, writing, kafkaCommitted int64
+	persistedHigh, writingHigh                                        int64
 	// origin is the offset from which the group first consumed the
 	// partition with its offsets in Postgres, committed to Kafka with the
 	// offsets (see origin.go); -1 until known (the fetcher resolves a
@@ -54,7 +56,7 @@ func offsetOf(m *consumer.Message) int64 { return m.SourceData.(*delivery).offse
 // handedOut records that b was handed out, buffered records being left
 // in the scheduler.
 func (l *lane) handedOut(b *consumer.Batch, buffered int) {
-	l.writing = -1
+	l.writing, l.writingHigh = -1, -1
 	for _, m := range b.Messages {
 		l.delivered = max(l.delivered, offsetOf(m)+1)
 	}
@@ -85,6 +87,19 @@ func (l *lane) nextOffset(retries, batch []*consumer.Message, acked map[*consume
 	return next
 }
 
+// known is the position the offsets table is known to hold.
+func (l *lane) known() position { return position{next: l.persisted, high: l.persistedHigh} }
+
+// highOffset is the offset after the highest of acked, or next when that
+// is higher: the high offset stored with a batch that commits acked.
+func highOffset(next int64, acked []*consumer.Message) int64 {
+	high := next
+	for _, m := range acked {
+		high = max(high, offsetOf(m)+1)
+	}
+	return high
+}
+
 // skipTo records that the pump fetched everything below next. When l is
 // idle (nothing in flight, nothing to retry, nothing buffered: st) everything
 // below its delivered offset is settled, including the records the fetcher
@@ -110,6 +125,7 @@ func (l *lane) skipTo(next int64, st consumer.LaneState, store bool) (target int
 // stored records that the offsets table holds next.
 func (l *lane) stored(next int64) {
 	l.persisted = max(l.persisted, next)
+	l.persistedHigh = max(l.persistedHigh, next)
 	l.committed = max(l.committed, next)
 	l.notifyCommit()
 }
@@ -129,6 +145,7 @@ func (l *lane) notifyCommit() {
 func (l *lane) settled(retries []*consumer.Message, acked bool, store bool) {
 	if store && acked {
 		l.persisted = max(l.persisted, l.writing)
+		l.persistedHigh = max(l.persistedHigh, l.writingHigh)
 	}
 	if next := l.nextOffset(retries, nil, nil); next > l.committed {
 		l.committed = next

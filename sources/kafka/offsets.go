@@ -64,25 +64,30 @@ func newOffsetStore(db dedupe.DB, group, schema, table string) *offsetStore {
   ON CONFLICT (group_id, topic, partition) DO UPDATE
   SET generation = EXCLUDED.generation, updated_at = now()
   WHERE o.generation <= EXCLUDED.generation
-  RETURNING o.topic, o.partition, o.next_offset
+  RETURNING o.topic, o.partition, o.next_offset, o.high_offset
 )
-SELECT topic, partition, next_offset, false FROM claimed
+SELECT topic, partition, next_offset, high_offset, false FROM claimed
 UNION ALL
-SELECT topic, partition, NULL, true FROM busy`,
+SELECT topic, partition, NULL, NULL, true FROM busy`,
 		// Written in the batch transaction: only by the current generation,
-		// only forward, and only over the offset the writer knows is stored
-		// ($6, -1 when it knows none): a row that holds less, or is missing,
-		// went back behind the writer's back (a failover to a standby that
-		// lacked the last commits, or a replay moving the offsets back).
-		// xmax = 0 tells a row inserted by this statement.
-		writeSQL: `INSERT INTO ` + t + ` AS o (group_id, topic, partition, next_offset, generation)
-VALUES ($1, $2, $3, $4, $5)
+		// only forward, and only over the offsets the writer knows are
+		// stored ($6 and $8, -1 when it knows none): a row that holds less,
+		// or is missing, went back behind the writer's back (a failover to
+		// a standby that lacked the last commits, or a replay moving the
+		// offsets back). The high offset ($7) moves with every batch, also
+		// when a retry holds next_offset back, so that losing any commit
+		// that wrote the row is seen. xmax = 0 tells a row inserted by this
+		// statement.
+		writeSQL: `INSERT INTO ` + t + ` AS o (group_id, topic, partition, next_offset, generation, high_offset)
+VALUES ($1, $2, $3, $4, $5, $7)
 ON CONFLICT (group_id, topic, partition) DO UPDATE
 SET next_offset = GREATEST(o.next_offset, EXCLUDED.next_offset),
+    high_offset = GREATEST(o.high_offset, EXCLUDED.high_offset),
     generation = EXCLUDED.generation, updated_at = now()
 WHERE o.generation <= EXCLUDED.generation AND COALESCE(o.next_offset, -1) >= $6
-RETURNING o.next_offset, o.xmax = 0`,
-		readSQL: `SELECT generation, next_offset FROM ` + t + ` WHERE group_id = $1 AND topic = $2 AND partition = $3`,
+  AND COALESCE(o.high_offset, -1) >= $8
+RETURNING o.xmax = 0`,
+		readSQL: `SELECT generation, next_offset, high_offset FROM ` + t + ` WHERE group_id = $1 AND topic = $2 AND partition = $3`,
 	}
 	return st
 }
@@ -94,13 +99,21 @@ type topicPartition struct {
 	partition int
 }
 
+// position is what the offsets table holds of a partition: next, the
+// offset to consume from, and high, the offset after the highest record
+// whose batch committed; -1 when none is stored.
+type position struct{ next, high int64 }
+
+// noPosition is a partition without a stored offset.
+var noPosition = position{next: -1, high: -1}
+
 // claim raises the generation of the given partitions' rows to gen and
-// returns their stored next offsets (-1 when none is stored), except for
+// returns their stored positions (noPosition when none is stored), except for
 // the rows another transaction holds locked (a batch of an earlier owner
 // between BeforeCommit and its commit): those are returned in busy, to be
 // claimed again later. Partitions whose row belongs to a newer generation
 // are in neither.
-func (s *offsetStore) claim(ctx context.Context, gen int32, tps []topicPartition) (claimed map[topicPartition]int64, busy []topicPartition, err error) {
+func (s *offsetStore) claim(ctx context.Context, gen int32, tps []topicPartition) (claimed map[topicPartition]position, busy []topicPartition, err error) {
 	topics := make([]string, len(tps))
 	parts := make([]int32, len(tps))
 	for i, tp := range tps {
@@ -118,27 +131,24 @@ func (s *offsetStore) claim(ctx context.Context, gen int32, tps []topicPartition
 	if err != nil {
 		return nil, nil, s.claimErr(err)
 	}
-	claimed = make(map[topicPartition]int64, len(tps))
+	claimed = make(map[topicPartition]position, len(tps))
 	for rows.Next() {
 		var (
-			tp     topicPartition
-			p      int32
-			next   *int64
-			locked bool
+			tp         topicPartition
+			p          int32
+			next, high *int64
+			locked     bool
 		)
-		if err := rows.Scan(&tp.topic, &p, &next, &locked); err != nil {
+		if err := rows.Scan(&tp.topic, &p, &next, &high, &locked); err != nil {
 			rows.Close()
 			return nil, nil, s.wrap("claim partitions", err)
 		}
 		tp.partition = int(p)
-		switch {
-		case locked:
+		if locked {
 			busy = append(busy, tp)
-		case next != nil:
-			claimed[tp] = *next
-		default:
-			claimed[tp] = -1
+			continue
 		}
+		claimed[tp] = position{next: orNone(next), high: orNone(high)}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, nil, s.claimErr(err)
@@ -174,36 +184,38 @@ func sortPartitions(tps []topicPartition) {
 	})
 }
 
-// write stores next for one partition in tx, over known, the offset the
-// writer knows the table holds (-1 for none). It fails with an error
-// wrapping consumer.ErrFenced when a newer generation owns the row, and
-// with a *wentBackError (which wraps it too) when the row holds less than
-// known or is gone.
-func (s *offsetStore) write(ctx context.Context, tx pgx.Tx, tp topicPartition, gen int32, next, known int64) error {
-	var stored *int64
+func orNone(off *int64) int64 {
+	if off == nil {
+		return -1
+	}
+	return *off
+}
+
+// write stores the position to for one partition in tx, over known, the
+// position the writer knows the table holds (noPosition for none). It
+// fails with an error wrapping consumer.ErrFenced when a newer generation
+// owns the row, and with a *wentBackError (which wraps it too) when the
+// row holds less than known or is gone.
+func (s *offsetStore) write(ctx context.Context, tx pgx.Tx, tp topicPartition, gen int32, to, known position) error {
 	var inserted bool
-	args := []any{s.group, tp.topic, int32(tp.partition), next, gen, known}
-	err := tx.QueryRow(ctx, s.writeSQL, args...).Scan(&stored, &inserted)
+	args := []any{s.group, tp.topic, int32(tp.partition), to.next, gen, known.next, to.high, known.high}
+	err := tx.QueryRow(ctx, s.writeSQL, args...).Scan(&inserted)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		var rowGen int32
-		var rowNext *int64
-		if err := tx.QueryRow(ctx, s.readSQL, s.group, tp.topic, int32(tp.partition)).Scan(&rowGen, &rowNext); err != nil {
+		var rowNext, rowHigh *int64
+		if err := tx.QueryRow(ctx, s.readSQL, s.group, tp.topic, int32(tp.partition)).Scan(&rowGen, &rowNext, &rowHigh); err != nil {
 			return s.wrap("store offset", err)
 		}
 		if rowGen > gen {
 			return fmt.Errorf("kafka: %s/%d of group %q is owned by a newer generation than %d: %w",
 				tp.topic, tp.partition, s.group, gen, consumer.ErrFenced)
 		}
-		found := int64(-1)
-		if rowNext != nil {
-			found = *rowNext
-		}
-		return &wentBackError{tp: tp, group: s.group, known: known, found: found}
+		return &wentBackError{tp: tp, group: s.group, known: known, found: position{next: orNone(rowNext), high: orNone(rowHigh)}}
 	case err != nil:
 		return s.wrap("store offset", err)
-	case inserted && known >= 0:
-		return &wentBackError{tp: tp, group: s.group, known: known, found: -1}
+	case inserted && (known.next >= 0 || known.high >= 0):
+		return &wentBackError{tp: tp, group: s.group, known: known, found: noPosition}
 	}
 	return nil
 }
@@ -217,12 +229,16 @@ func (s *offsetStore) write(ctx context.Context, tx pgx.Tx, tp topicPartition, g
 type wentBackError struct {
 	tp           topicPartition
 	group        string
-	known, found int64
+	known, found position
 }
 
 func (e *wentBackError) Error() string {
+	if e.found.next >= e.known.next {
+		return fmt.Sprintf("kafka: the offsets table shows commits of %s/%d of group %q up to offset %d, behind the %d this consumer committed (a database failover that lost commits): %v",
+			e.tp.topic, e.tp.partition, e.group, e.found.high, e.known.high, consumer.ErrFenced)
+	}
 	return fmt.Sprintf("kafka: the offsets table holds %d for %s/%d of group %q, behind the %d this consumer stored (a database failover that lost commits, or a replay): %v",
-		e.found, e.tp.topic, e.tp.partition, e.group, e.known, consumer.ErrFenced)
+		e.found.next, e.tp.topic, e.tp.partition, e.group, e.known.next, consumer.ErrFenced)
 }
 
 func (e *wentBackError) Unwrap() error { return consumer.ErrFenced }

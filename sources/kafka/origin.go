@@ -138,16 +138,16 @@ func (s *Source) commitOffsets(ctx context.Context, gen *kafkago.Generation, off
 // source committed after storing it in Postgres, which the database no
 // longer has, the partition's origin; else kafkaStart, the offset in Kafka
 // (or Config.StartOffset when there is none).
-func (s *Source) startOffset(tp topicPartition, gen int32, kafkaStart int64, stored map[topicPartition]int64, commits map[topicPartition]kafkaCommit) (start, origin int64) {
+func (s *Source) startOffset(tp topicPartition, gen int32, kafkaStart int64, stored map[topicPartition]position, commits map[topicPartition]kafkaCommit) (start, origin int64) {
 	c, ok := commits[tp]
 	if !ok {
 		c = kafkaCommit{offset: -1, origin: -1}
 	}
-	if next, ok := stored[tp]; ok && next >= 0 {
+	if pos, ok := stored[tp]; ok && pos.next >= 0 {
 		if c.origin >= 0 {
-			return next, min(c.origin, next)
+			return pos.next, min(c.origin, pos.next)
 		}
-		return next, next
+		return pos.next, pos.next
 	}
 	if s.store != nil && c.origin >= 0 {
 		s.log.Warn("kafka: the offsets table holds no offset for a partition although this source stored one there before committing "+

@@ -118,7 +118,7 @@ func (s *Source) buffer(ctx context.Context, l *lane, recs []fetchedRecord, from
 func (s *Source) storeSkipped(ctx context.Context, l *lane, next int64) {
 	tp := topicPartition{l.topic, l.partition}
 	s.mu.Lock()
-	known := l.persisted
+	known := l.known()
 	s.mu.Unlock()
 	err := func() error {
 		tx, err := s.store.db.Begin(ctx)
@@ -126,7 +126,7 @@ func (s *Source) storeSkipped(ctx context.Context, l *lane, next int64) {
 			return fmt.Errorf("kafka: store offset: %w", err)
 		}
 		defer func() { _ = tx.Rollback(context.Background()) }()
-		if err := s.store.write(ctx, tx, tp, l.gen.id, next, known); err != nil {
+		if err := s.store.write(ctx, tx, tp, l.gen.id, position{next: next, high: next}, known); err != nil {
 			return err
 		}
 		return tx.Commit(ctx)

@@ -181,15 +181,16 @@ func (s *Source) BeforeCommit(ctx context.Context, tx pgx.Tx, b *consumer.Batch,
 		return fmt.Errorf("kafka: partition %s was revoked from generation %d: %w", l.name, l.gen.id, consumer.ErrFenced)
 	}
 	next := l.nextOffset(st.Retries, b.Messages, acked)
+	to := position{next: next, high: highOffset(next, ack)}
 	if s.store != nil && len(ack) > 0 {
-		l.writing = next
+		l.writing, l.writingHigh = to.next, to.high
 	}
-	known := l.persisted
+	known := l.known()
 	s.mu.Unlock()
 	if s.store == nil || len(ack) == 0 {
 		return nil
 	}
-	err := s.store.write(ctx, tx, topicPartition{l.topic, l.partition}, l.gen.id, next, known)
+	err := s.store.write(ctx, tx, topicPartition{l.topic, l.partition}, l.gen.id, to, known)
 	if errors.Is(err, consumer.ErrFenced) {
 		s.mu.Lock()
 		l.fenced = true
@@ -208,7 +209,8 @@ func (s *Source) fenced(l *lane, err error) {
 	var back *wentBackError
 	if errors.As(err, &back) {
 		s.log.Error("kafka: the offsets table went back; rejoining the group to consume again from the stored offset",
-			"group", s.cfg.Group, "lane", l.name, "generation", l.gen.id, "stored", back.found, "known", back.known)
+			"group", s.cfg.Group, "lane", l.name, "generation", l.gen.id, "stored", back.found.next, "known", back.known.next,
+			"stored_high", back.found.high, "known_high", back.known.high)
 		l.gen.end()
 		return
 	}
