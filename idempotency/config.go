@@ -38,8 +38,9 @@ const (
 )
 
 // Config configures a Middleware. Scope (or SingleTenant) must be set;
-// every other field has a default: keys claimed by their rows in the responses table
-// in the "effectively" schema, a key required on every wrapped route.
+// every other field has a default: keys claimed by their rows in the
+// responses table in the "effectively" schema, a key required on every
+// wrapped route.
 type Config struct {
 	// Name names the middleware in hooks, metrics and logs (the Consumer of
 	// the consumer.BatchInfo it reports) and prefixes every scope, so that

@@ -97,8 +97,8 @@ func keep(h http.Header, names []string) ([][]byte, int) {
 	return out, size
 }
 
-// Migrations returns the migration lines of the strategy's markers (when it
-// is a dedupe.Migrator) and of the responses table, for dedupe.Migrate,
+// Migrations returns the migration lines of Config.Strategy's markers (when
+// there is one and it is a dedupe.Migrator) and of the responses table, for dedupe.Migrate,
 // dedupe.PendingMigrations and dedupe.MigrationSQL. The responses line
 // creates its table in Config.Schema whichever schema holds the migrations
 // table.
