@@ -21,7 +21,7 @@ import (
 // handler with a hand-written key table (http_hand.go). Each handler
 // writes one row per request; the bare one in a transaction of its own,
 // the wrapped one in the request's transaction, where the middleware also
-// claims the key and stores the response.
+// reads the key's row and stores the response in it.
 
 const httpTable = `CREATE TABLE IF NOT EXISTS http_payments (
     id     bigserial PRIMARY KEY,
@@ -31,7 +31,7 @@ const httpTable = `CREATE TABLE IF NOT EXISTS http_payments (
 )`
 
 // SetupHTTP creates the benchmark's tables, the hand-written key table and
-// the middleware's tables (idset markers and stored responses) in pool's
+// the middleware's table (stored responses, which are the keys' claims) in pool's
 // database, and returns the middleware. The benchmark has one caller, so
 // the middleware is single-tenant, as the hand-written table is.
 func SetupHTTP(ctx context.Context, pool *pgxpool.Pool) (*idempotency.Middleware, error) {
@@ -53,7 +53,7 @@ func SetupHTTP(ctx context.Context, pool *pgxpool.Pool) (*idempotency.Middleware
 
 // ResetHTTP empties the benchmark's tables, markers and responses.
 func ResetHTTP(ctx context.Context, pool *pgxpool.Pool) error {
-	_, err := pool.Exec(ctx, `TRUNCATE http_payments, http_keys, effectively.processed, effectively.idempotency_responses`)
+	_, err := pool.Exec(ctx, `TRUNCATE http_payments, http_keys, effectively.idempotency_responses`)
 	return err
 }
 

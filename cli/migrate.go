@@ -20,7 +20,8 @@ func (a *app) migrateCmd() *cobra.Command {
 the markers table(s) of the strategy named by --strategy, with --kafka the
 Kafka offsets table, with --outbox the outbox's tables (--outbox-table), and
 with --idempotency the Idempotency-Key middleware's responses table
-(effectively.idempotency_responses; its markers are the strategy's).
+(effectively.idempotency_responses, whose rows are its keys' claims; the
+markers of a Config.Strategy are the strategy's).
 Run it once per strategy a deployment uses.
 
 Migrations already applied (recorded in <schema>.schema_migrations) are

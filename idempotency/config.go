@@ -23,7 +23,12 @@ const (
 	DefaultRetryAfter       = time.Second
 	DefaultSweepBatch       = 1000
 	DefaultSweepInterval    = time.Minute
-	// DefaultRetention is the responses' retention when the strategy's
+	// DefaultKeyRetention is the responses' retention without a
+	// Config.Strategy: 7 days and an hour, what the default strategy's
+	// markers and RetentionMargin gave when keys were claimed by an idset
+	// marker.
+	DefaultKeyRetention = 7*24*time.Hour + RetentionMargin
+	// DefaultRetention is the responses' retention when Config.Strategy's
 	// markers do not expire (it is not a dedupe.Retainer).
 	DefaultRetention = 24 * time.Hour
 	// RetentionMargin is how much longer than the strategy's markers the
@@ -33,18 +38,24 @@ const (
 )
 
 // Config configures a Middleware. Scope (or SingleTenant) must be set;
-// every other field has a default: idset markers and the responses table
-// in the "effectively" schema, a key required on every wrapped route.
+// every other field has a default: keys claimed by their rows in the
+// responses table in the "effectively" schema, a key required on every
+// wrapped route.
 type Config struct {
 	// Name names the middleware in hooks, metrics and logs (the Consumer of
 	// the consumer.BatchInfo it reports) and prefixes every scope, so that
 	// its markers never meet a consumer's in a shared table. It must not
 	// contain "/". Defaults to "http".
 	Name string
-	// Strategy claims the keys. It must key by (Scope, ID): idset and bloom
-	// do; a strategy that needs a sender and sequence number (highwater) is
-	// refused by New. Defaults to an idset.Strategy with its defaults (see
-	// DefaultStrategy).
+	// Strategy, when set, claims each key also with a dedupe strategy's
+	// marker, after the key's row in the responses table (which is its
+	// claim, and decides) was found missing, at the cost of one round trip
+	// and one row more per new key. It is what lets instances of a version
+	// that claimed keys by markers alone (idset by default: set
+	// DefaultStrategy()) serve the same keys during an upgrade: they find
+	// the markers this one writes. It must key by (Scope, ID): idset and
+	// bloom do; a strategy that needs a sender and sequence number
+	// (highwater) is refused by New. Defaults to none.
 	Strategy dedupe.Strategy
 	// Scope returns the principal a request is made by (the authenticated
 	// account or tenant, taken from what authentication established, never
@@ -92,11 +103,13 @@ type Config struct {
 	// Table is the responses table's name. Defaults to
 	// "idempotency_responses".
 	Table string
-	// Retention is how long a stored response is kept. It must not be
+	// Retention is how long a stored response, and so its key, is kept:
+	// after it, the key is new again. With a Strategy it must not be
 	// shorter than the strategy's markers' retention, or a key whose
 	// marker remains could find no response to replay (the client then
-	// gets 422). Defaults to the strategy's retention plus RetentionMargin,
-	// or DefaultRetention when its markers do not expire.
+	// gets 422). Defaults to 7 days and an hour (DefaultKeyRetention)
+	// without a Strategy, else to the strategy's retention plus
+	// RetentionMargin, or DefaultRetention when its markers do not expire.
 	Retention time.Duration
 	// SweepBatch is the most responses one sweep statement deletes.
 	// Defaults to 1000.

@@ -4,12 +4,14 @@
 // again instead of a second effect.
 //
 // A wrapped request with a key runs in one PostgreSQL transaction. The
-// middleware takes a transaction-level advisory lock on (scope, key), then
-// claims the key with a dedupe.Strategy (idset by default, or bloom: the
-// strategies, tables, sweepers and hooks of the consumer), runs the
-// handler with that transaction (Tx), stores the response it wrote and
-// commits the handler's writes, the marker and the response together.
-// Only then is the response sent.
+// middleware takes a transaction-level advisory lock on (scope, key) and
+// reads the key's row in the responses table, which is its claim: a row
+// there is a completed key. For a new key it runs the handler with that
+// transaction (Tx), then inserts the key's row with the response the
+// handler wrote and commits it with the handler's writes. Only then is the
+// response sent. One row per key, as a hand-written idempotency-key table
+// keeps; Config.Strategy adds a dedupe strategy's marker besides it (for
+// an upgrade from a version that claimed keys by markers).
 //
 //	mw, err := idempotency.New(pool, idempotency.Config{
 //		Scope: func(r *http.Request) (string, error) { return accountOf(r), nil },
@@ -59,7 +61,7 @@
 // status is below 400, or when the handler called Final on the request's
 // context (an error that is the outcome of the effect, such as a declined
 // payment that was recorded). Any other 4xx or 5xx rolls the transaction
-// back: no marker, no response, no writes, so the client can fix the
+// back: no key row, no response, no writes, so the client can fix the
 // request and retry with the same key. A handler that panics, a request
 // whose context is cancelled mid-handler, a response over
 // Config.MaxResponseBytes (500, logged) and a process that dies mid-request
@@ -78,17 +80,18 @@
 //
 // # Operations
 //
-// Migrations returns the strategy's migration lines and the responses
-// table's (for dedupe.Migrate, or the CLI's migrate); Migrate applies them.
-// Run does for the strategy what a consumer does (Maintain, then
-// RunMaintenance and Warm in the background: idset's retention sweeper,
-// bloom's partitions) and sweeps responses older than Config.Retention,
-// which defaults to the strategy's retention plus an hour. A strategy that
-// must be maintained before it claims (bloom) answers 503 until then: call
-// Maintain before serving.
+// Migrations returns the responses table's migration line (after the
+// strategy's, with a Config.Strategy) for dedupe.Migrate or the CLI's
+// migrate; Migrate applies them. Run sweeps responses older than
+// Config.Retention (7 days and an hour by default; after it a key is new
+// again) and does for a Config.Strategy what a consumer does (Maintain,
+// then RunMaintenance and Warm in the background: idset's retention
+// sweeper, bloom's partitions). A strategy that must be maintained before
+// it claims (bloom) answers 503 until then: call Maintain before serving.
 //
 // Config.Hooks takes the consumer's hooks: each request with a key is
-// reported as a batch of one message, with outcome applied (stored),
+// reported as a batch of one message (its strategy ResponsesStrategy
+// without a Config.Strategy), with outcome applied (stored),
 // duplicate (replayed), mismatch (422), retried (rolled back, 409 or 503)
 // or unknown (COMMIT outcome unknown), so the Prometheus (effprom) and
 // OpenTelemetry (effotel) adapters serve it unchanged.

@@ -45,6 +45,7 @@ func TestHeadersStoredBeforeUpgrade(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
+	migrateMarkers(t, e.pool)
 	if _, err := e.pool.Exec(ctx, `INSERT INTO effectively.processed (scope, id, fingerprint) VALUES ($1, 'old', $2)`, idempotency.DefaultName, fp); err != nil {
 		t.Fatal(err)
 	}

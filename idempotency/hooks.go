@@ -31,6 +31,18 @@ func newHooks(hs []consumer.Hook) *hooks {
 	return h
 }
 
+// ResponsesStrategy is the strategy name hooks are told (BatchInfo.Strategy)
+// for a middleware without Config.Strategy, whose keys are claimed by
+// their rows in the responses table.
+const ResponsesStrategy = "responses"
+
+func (m *Middleware) strategyName() string {
+	if m.cfg.Strategy == nil {
+		return ResponsesStrategy
+	}
+	return m.cfg.Strategy.Name()
+}
+
 // span is one request's report: a batch of one message.
 type span struct {
 	ctx   context.Context
@@ -48,7 +60,7 @@ func (m *Middleware) begin(ctx context.Context, r *http.Request, k dedupe.Key, b
 	}
 	info := consumer.BatchInfo{
 		Consumer: m.cfg.Name,
-		Strategy: m.cfg.Strategy.Name(),
+		Strategy: m.strategyName(),
 		Lane:     r.Method + " " + r.URL.Path,
 		Batch:    m.hooks.batch.Add(1),
 		Size:     1,

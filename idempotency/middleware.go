@@ -40,18 +40,20 @@ type Middleware struct {
 	own     pgerr.Table // the responses table, as errors name it
 }
 
-// DefaultStrategy returns the strategy a Config without one uses: an
-// idset.Strategy with its defaults (the "processed" table in the
-// "effectively" schema, 7 days' retention).
+// DefaultStrategy returns an idset.Strategy with its defaults (the
+// "processed" table in the "effectively" schema, 7 days' retention): the
+// strategy that claimed keys by default before a key's stored response
+// became its claim. Set it as Config.Strategy while instances of such a
+// version still serve the same keys (see Config.Strategy).
 func DefaultStrategy() (dedupe.Strategy, error) { return idset.New(idset.Config{}) }
 
-// New returns a Middleware that claims keys with cfg.Strategy through db
-// and stores responses in cfg's table. It fills
+// New returns a Middleware that claims keys through db with the rows of
+// cfg's responses table (and cfg.Strategy, when set). It fills
 // in cfg's defaults and validates it; the error matches
 // dedupe.ErrInvalidConfig for a bad value, including a strategy that cannot
 // claim an idempotency key (one that needs a sender and sequence number,
 // such as highwater). Call Migrate (or apply Migrations) before serving,
-// and run Run for the strategy's maintenance and the responses' sweeper.
+// and run Run for the responses' sweeper (and the strategy's maintenance).
 //
 // db serves concurrent requests, so it must be safe for concurrent use: a
 // *pgxpool.Pool (with which each request costs one round trip fewer), or
@@ -64,21 +66,21 @@ func New(db dedupe.DB, cfg Config) (*Middleware, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Strategy == nil {
-		s, err := DefaultStrategy()
-		if err != nil {
+	var r dedupe.Retainer
+	if cfg.Strategy != nil {
+		if err := checkStrategy(cfg.Strategy, cfg.MaxKeyLen); err != nil {
 			return nil, err
 		}
-		cfg.Strategy = s
+		r, _ = cfg.Strategy.(dedupe.Retainer)
 	}
-	if err := checkStrategy(cfg.Strategy, cfg.MaxKeyLen); err != nil {
-		return nil, err
-	}
-	r, _ := cfg.Strategy.(dedupe.Retainer)
 	if cfg.Retention == 0 {
-		cfg.Retention = DefaultRetention
-		if r != nil && r.Retention() > 0 {
+		switch {
+		case cfg.Strategy == nil:
+			cfg.Retention = DefaultKeyRetention
+		case r != nil && r.Retention() > 0:
 			cfg.Retention = r.Retention() + RetentionMargin
+		default:
+			cfg.Retention = DefaultRetention
 		}
 	}
 	m := &Middleware{db: db, cfg: cfg, log: cfg.Logger, store: newStore(cfg.Schema, cfg.Table), hooks: newHooks(cfg.Hooks)}
@@ -90,7 +92,9 @@ func New(db dedupe.DB, cfg Config) (*Middleware, error) {
 	for _, h := range cfg.Headers {
 		m.headers = append(m.headers, http.CanonicalHeaderKey(h))
 	}
-	m.commit, _ = cfg.Strategy.(dedupe.Committer)
+	if cfg.Strategy != nil {
+		m.commit, _ = cfg.Strategy.(dedupe.Committer)
+	}
 	m.own = pgerr.Table{Schema: cfg.Schema, Name: cfg.Table}
 	m.retry = strconv.Itoa(max(1, int((cfg.RetryAfter+time.Second-1)/time.Second)))
 	return m, nil
@@ -199,30 +203,24 @@ func (m *Middleware) run(ctx context.Context, w http.ResponseWriter, r *http.Req
 	}
 	defer tx.rollback(ctx) // a panic too; after a commit it only releases the connection
 	rollback := func() { tx.rollback(ctx) }
-	keys := []dedupe.Key{k}
-	verdicts, err := m.cfg.Strategy.Claim(ctx, tx.Tx, keys)
-	if errors.Is(err, dedupe.ErrInvalidKey) {
-		rollback()
-		m.problem(w, http.StatusBadRequest, "Invalid idempotency key", err.Error())
-		return consumer.OutcomeRetried, err
-	}
-	if inFlight(err) { // the lock, sent with the claim, is held
+	// The key's row in the responses table is its claim: read under the
+	// lock (with a pool, in the round trip of BEGIN and the lock), and
+	// written, with the response, just before the COMMIT.
+	prev, found, err := m.store.load(ctx, tx.Tx, k.Scope, k.ID)
+	if inFlight(err) { // the lock, sent with the read, is held
 		rollback()
 		return m.held(ctx, w, k)
 	}
 	if err != nil {
 		return m.ownFailure(w, k, "claim", err)
 	}
-	switch verdicts[0] {
-	case dedupe.VerdictNew:
-	case dedupe.VerdictDuplicate:
-		return m.replay(ctx, w, tx, k)
-	case dedupe.VerdictMismatch:
+	if found {
 		rollback()
-		m.mismatch(w)
-		return consumer.OutcomeMismatch, nil
-	default:
-		return m.ownFailure(w, k, "claim", fmt.Errorf("strategy %s answered %v for an idempotency key", m.cfg.Strategy.Name(), verdicts[0]))
+		return m.answerStored(w, k, prev)
+	}
+	keys, verdicts, o, err := m.claim(ctx, w, tx, k)
+	if o != consumer.OutcomeApplied {
+		return o, err
 	}
 
 	req := &request{tx: &ownedTx{Tx: tx.Tx}, key: k.ID, scope: k.Scope}
@@ -278,27 +276,49 @@ func (m *Middleware) run(ctx context.Context, w http.ResponseWriter, r *http.Req
 		return m.writeFailure(w, k, fmt.Errorf("commit: %w", err))
 	}
 	tx.rollback(ctx) // releases the connection before the client is answered
-	if m.commit != nil {
+	if m.commit != nil && keys != nil {
 		m.commit.Committed(keys, verdicts)
 	}
 	send(w, rec.header, status, rec.body)
 	return consumer.OutcomeApplied, nil
 }
 
-// replay answers a duplicate with its stored response.
-func (m *Middleware) replay(ctx context.Context, w http.ResponseWriter, tx *keyTx, k dedupe.Key) (consumer.Outcome, error) {
-	resp, ok, err := m.store.load(ctx, tx.Tx, k.Scope, k.ID)
+// claim claims k with Config.Strategy, when there is one, for a key that
+// has no stored response: applied (with the keys and verdicts to tell the
+// strategy once committed) lets the handler run; any other outcome has
+// been answered, and the transaction rolled back.
+func (m *Middleware) claim(ctx context.Context, w http.ResponseWriter, tx *keyTx, k dedupe.Key) ([]dedupe.Key, []dedupe.Verdict, consumer.Outcome, error) {
+	if m.cfg.Strategy == nil {
+		return nil, nil, consumer.OutcomeApplied, nil
+	}
+	keys := []dedupe.Key{k}
+	verdicts, err := m.cfg.Strategy.Claim(ctx, tx.Tx, keys)
+	if errors.Is(err, dedupe.ErrInvalidKey) {
+		tx.rollback(ctx)
+		m.problem(w, http.StatusBadRequest, "Invalid idempotency key", err.Error())
+		return nil, nil, consumer.OutcomeRetried, err
+	}
 	if err != nil {
-		return m.ownFailure(w, k, "load response", err)
+		o, err := m.ownFailure(w, k, "claim", err)
+		return nil, nil, o, err
 	}
-	tx.rollback(ctx)
-	m.committedDuplicate(k)
-	if !ok {
+	switch verdicts[0] {
+	case dedupe.VerdictNew:
+		return keys, verdicts, consumer.OutcomeApplied, nil
+	case dedupe.VerdictDuplicate:
+		// A marker without a stored response: the response expired first.
+		tx.rollback(ctx)
+		m.committedDuplicate(k)
 		m.problem(w, http.StatusUnprocessableEntity, "Idempotency key expired", "This idempotency key was used, and its stored response has expired; use a new key.")
-		return consumer.OutcomeDuplicate, errors.New("idempotency: duplicate key without a stored response (expired)")
+		return nil, nil, consumer.OutcomeDuplicate, errors.New("idempotency: duplicate key without a stored response (expired)")
+	case dedupe.VerdictMismatch:
+		tx.rollback(ctx)
+		m.mismatch(w)
+		return nil, nil, consumer.OutcomeMismatch, nil
+	default:
+		o, err := m.ownFailure(w, k, "claim", fmt.Errorf("strategy %s answered %v for an idempotency key", m.cfg.Strategy.Name(), verdicts[0]))
+		return nil, nil, o, err
 	}
-	sendReplay(w, resp)
-	return consumer.OutcomeDuplicate, nil
 }
 
 // held answers a request whose key's lock another transaction holds: the
@@ -316,6 +336,12 @@ func (m *Middleware) held(ctx context.Context, w http.ResponseWriter, k dedupe.K
 		m.problem(w, http.StatusConflict, "Request in progress", "A request with this idempotency key is still being processed; retry later.")
 		return consumer.OutcomeRetried, ErrInFlight
 	}
+	return m.answerStored(w, k, resp)
+}
+
+// answerStored answers a key that has a stored response: replayed to the
+// same request, 422 to another.
+func (m *Middleware) answerStored(w http.ResponseWriter, k dedupe.Key, resp stored) (consumer.Outcome, error) {
 	if !bytes.Equal(resp.fingerprint, k.Fingerprint) {
 		m.mismatch(w)
 		return consumer.OutcomeMismatch, nil

@@ -99,7 +99,7 @@ func TestHooks(t *testing.T) {
 			t.Errorf("request %d: outcome %v, want %v", i, h.outcomes[i], o)
 		}
 		s := h.stats[i]
-		if s.Consumer != "payments-api" || s.Strategy != "idset" || s.Size != 1 || s.Lane != "POST /payments" {
+		if s.Consumer != "payments-api" || s.Strategy != idempotency.ResponsesStrategy || s.Size != 1 || s.Lane != "POST /payments" {
 			t.Errorf("request %d: batch info %+v", i, s.BatchInfo)
 		}
 	}
@@ -145,10 +145,23 @@ func TestSweepAndRun(t *testing.T) {
 	}
 }
 
-// TestMigrations: the strategy's line and the responses line, printable.
+// TestMigrations: the responses line, after the strategy's when there is
+// one, printable.
 func TestMigrations(t *testing.T) {
 	t.Parallel()
-	mw, err := idempotency.New(pgtest.NewPool(t), idempotency.Config{SingleTenant: true, Schema: "api", Table: "responses"})
+	pool := pgtest.NewPool(t)
+	mw, err := idempotency.New(pool, idempotency.Config{SingleTenant: true, Schema: "api", Table: "responses"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines := mw.Migrations(); len(lines) != 1 || lines[0].Name != "idempotency:api.responses" {
+		t.Fatalf("lines without a strategy %+v", lines)
+	}
+	s, err := idempotency.DefaultStrategy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err = idempotency.New(pool, idempotency.Config{SingleTenant: true, Schema: "api", Table: "responses", Strategy: s})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,11 +28,11 @@ type store struct {
 func newStore(schema, table string) store {
 	t := pgx.Identifier{schema, table}.Sanitize()
 	return store{
-		// A row left by a key whose marker expired first is replaced.
+		// A plain INSERT: the key's row is read under the key's lock
+		// before, so a row there now is a claim that went around the lock,
+		// and its unique violation a race that passes (503).
 		insertSQL: `INSERT INTO ` + t + ` (scope, key, fingerprint, status, raw_headers, body)
-VALUES ($1, $2, $3, $4, $5, $6)
-ON CONFLICT (scope, key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, status = EXCLUDED.status,
-    headers = '{}', raw_headers = EXCLUDED.raw_headers, body = EXCLUDED.body, created_at = EXCLUDED.created_at`,
+VALUES ($1, $2, $3, $4, $5, $6)`,
 		selectSQL: `SELECT status, headers, raw_headers, body, fingerprint FROM ` + t + ` WHERE scope = $1 AND key = $2`,
 		sweepSQL: `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
     SELECT ctid FROM ` + t + `
@@ -97,8 +97,8 @@ func keep(h http.Header, names []string) ([][]byte, int) {
 	return out, size
 }
 
-// Migrations returns the migration lines of the strategy's markers (when it
-// is a dedupe.Migrator) and of the responses table, for dedupe.Migrate,
+// Migrations returns the migration lines of Config.Strategy's markers (when
+// there is one and it is a dedupe.Migrator) and of the responses table, for dedupe.Migrate,
 // dedupe.PendingMigrations and dedupe.MigrationSQL. The responses line
 // creates its table in Config.Schema whichever schema holds the migrations
 // table.

@@ -101,7 +101,10 @@
 // no limit (the row's attempts and last_error columns say why a key is
 // waiting); a refusal for good is retried alone (brokers refuse whole batches for one
 // message) and then parked with the reason, in the outbox table itself,
-// holding back only its key until Outbox.Redrive or Outbox.Purge. Parked
+// holding back only its key until Outbox.Redrive or Outbox.Purge.
+// RelayConfig.Redact (LogRelayConfig.Redact) decides what of the message
+// a parked row keeps: the value and headers it returns replace the
+// message's in the statement that parks it. Parked
 // rows are never deleted by the cleanup, which deletes published rows
 // older than Retention in batches of CleanupBatch; with Retention
 // DeleteOnPublish, the relay deletes each row as it marks it published,

@@ -72,6 +72,13 @@ type LogRelayConfig struct {
 	CleanupBatch int
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
+	// Redact, when set, decides what a parked row keeps of its message, as
+	// RelayConfig.Redact does; this relay also parks the later messages of
+	// a parked message's key, and they are redacted alike. A Redact that
+	// fails on one of those holds the relay (logged at error level, tried
+	// again after a backoff) until it is fixed. Defaults to nil: a parked
+	// row keeps the message as emitted.
+	Redact func(Message) Message
 	// Hooks observe the relay: PassDone after each batch published (Read
 	// is the batch's size; CommitToPublish is measured from the commit).
 	// A hook that implements LogHook gets the slot's events and lag too.
@@ -202,7 +209,7 @@ func NewLogRelay(pool *pgxpool.Pool, cfg LogRelayConfig) (*LogRelay, error) {
 		return nil, err
 	}
 	pub, err := NewRelay(pool, RelayConfig{Schema: cfg.Schema, Table: cfg.Table, Sinks: cfg.Sinks, Owner: cfg.Owner,
-		BatchSize: cfg.BatchSize, MinBackoff: cfg.MinBackoff, MaxBackoff: cfg.MaxBackoff, Logger: cfg.Logger})
+		BatchSize: cfg.BatchSize, MinBackoff: cfg.MinBackoff, MaxBackoff: cfg.MaxBackoff, Logger: cfg.Logger, Redact: cfg.Redact})
 	if err != nil {
 		return nil, err
 	}

@@ -191,10 +191,15 @@ func (r *LogRelay) park(ctx context.Context, rows []row, reasons []string) error
 		}
 	}
 	for attempt := 1; ; attempt++ {
-		_, err := r.pool.Exec(ctx, `UPDATE `+r.t.messages+` o
+		var err error
+		if r.cfg.Redact == nil {
+			_, err = r.pool.Exec(ctx, `UPDATE `+r.t.messages+` o
 SET parked_at = now(), park_reason = x.reason, last_error = x.reason, attempts = o.attempts + 1
 FROM unnest($1::bigint[], $2::text[]) AS x(id, reason)
 WHERE o.id = x.id AND o.published_at IS NULL`, ids, reasons)
+		} else {
+			err = r.parkRedacted(ctx, rows, ids, reasons)
+		}
 		if err == nil {
 			r.count(func(s *LogStats) { s.Parked += int64(len(rows)) })
 			return nil
@@ -206,6 +211,27 @@ WHERE o.id = x.id AND o.published_at IS NULL`, ids, reasons)
 		case <-time.After(backoff(r.cfg.MinBackoff, r.cfg.MaxBackoff, attempt)):
 		}
 	}
+}
+
+// parkRedacted parks rows as park does, each keeping what Redact makes of
+// its message, in one statement; nothing is parked when Redact fails on
+// one of them.
+func (r *LogRelay) parkRedacted(ctx context.Context, rows []row, ids []int64, reasons []string) error {
+	values, headers := make([][]byte, len(rows)), make([][]byte, len(rows))
+	for i, x := range rows {
+		red, err := redactParked(r.cfg.Redact, x.msg)
+		if err != nil {
+			r.log.Error("outbox: log relay: Redact failed on a message to park; nothing parked, trying again (fix Redact)", "sink", x.msg.Sink, "id", x.msg.ID, "err", err)
+			return err
+		}
+		values[i], headers[i] = red.value, red.headers
+	}
+	_, err := r.pool.Exec(ctx, `UPDATE `+r.t.messages+` o
+SET parked_at = now(), park_reason = x.reason, last_error = x.reason, attempts = o.attempts + 1,
+    value = x.value, headers = x.headers
+FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::bytea[]) AS x(id, reason, value, headers)
+WHERE o.id = x.id AND o.published_at IS NULL`, ids, reasons, values, headers)
+	return err
 }
 
 // reconcile reads the rows the stream will not deliver again: parked, or

@@ -330,8 +330,20 @@ func (r *Relay) outcomes(ctx context.Context, rows []row, errOf func(int) error)
 			outs = append(outs, outcome{id: x.id, kind: outPublished})
 			continue
 		case IsPermanent(err):
-			r.log.Warn("outbox: message refused for good, parked", "sink", x.msg.Sink, "id", x.msg.ID, "err", err)
-			outs = append(outs, outcome{id: x.id, kind: outPark, err: err.Error()})
+			o := outcome{id: x.id, kind: outPark, err: err.Error()}
+			if r.cfg.Redact != nil {
+				red, rerr := redactParked(r.cfg.Redact, x.msg)
+				if rerr != nil {
+					d := backoff(r.cfg.MinBackoff, r.cfg.MaxBackoff, x.attempts+1)
+					r.log.Error("outbox: message refused for good, but Redact failed on it: not parked, tried again (fix Redact)",
+						"sink", x.msg.Sink, "id", x.msg.ID, "in", d, "err", err, "redact_err", rerr)
+					outs = append(outs, outcome{id: x.id, kind: outRetry, err: rerr.Error(), delay: d})
+					break
+				}
+				o.redacted = red
+			}
+			r.log.Warn("outbox: message refused for good, parked", "sink", x.msg.Sink, "id", x.msg.ID, "redacted", o.redacted != nil, "err", err)
+			outs = append(outs, o)
 		case ctx.Err() != nil:
 			// Shutting down or past the lease: not the message's fault.
 		default:

@@ -90,6 +90,21 @@ type RelayConfig struct {
 	// for the hooks that implement BacklogHook; without one it never does.
 	// Defaults to DefaultBacklogInterval.
 	BacklogInterval time.Duration
+	// Redact, when set, is called with a copy of every message the relay
+	// parks (refused for good by its sink, or to a sink not in Sinks), and
+	// the parked row keeps the Value and Headers it returns instead of the
+	// message's, written by the statement that parks it: what it removes
+	// or masks is never at rest in a parked row, nor shown by Parked or
+	// `effectively outbox list`, and a redrive publishes what it returned.
+	// Sink, Key and ID are kept whatever it returns (the key's order and
+	// the ID the next stage dedupes by). A Redact that panics, or returns
+	// a header no message may carry, leaves the message unparked: logged
+	// at error level and tried again after a backoff, as after a
+	// transient failure, holding its key. Messages waiting to be published
+	// are not redacted. The relay logs no value or header value of a
+	// message: its lines name the sink, the ID and the sink's error.
+	// Defaults to nil: a parked row keeps the message as emitted.
+	Redact func(Message) Message
 
 	// Hooks for the package's tests; nil in use.
 	now          func() time.Time

@@ -139,10 +139,11 @@ const (
 
 // outcome is what became of one row.
 type outcome struct {
-	id    int64
-	kind  int32
-	err   string
-	delay time.Duration
+	id       int64
+	kind     int32
+	err      string
+	delay    time.Duration
+	redacted *redacted // what a parked row keeps under Redact; nil keeps the row's
 }
 
 // settle writes the outcomes in one statement, fenced: only rows of
@@ -172,12 +173,36 @@ func (r *Relay) settle(ctx context.Context, outs []outcome, parts []int32, gens 
 	var kinds []int32
 	var errs []string
 	var delays []int64
+	var red []bool // under Redact: which failed rows' value and headers change
+	var values, headers [][]byte
 	for _, o := range outs {
 		if o.kind == outPublished {
 			pub = append(pub, o.id)
 			continue
 		}
 		fail, kinds, errs, delays = append(fail, o.id), append(kinds, o.kind), append(errs, o.err), append(delays, o.delay.Milliseconds())
+		if o.redacted != nil && red == nil {
+			red, values, headers = make([]bool, len(fail)-1), make([][]byte, len(fail)-1), make([][]byte, len(fail)-1)
+		}
+		if red != nil {
+			red = append(red, o.redacted != nil)
+			if o.redacted != nil {
+				values, headers = append(values, o.redacted.value), append(headers, o.redacted.headers)
+			} else {
+				values, headers = append(values, nil), append(headers, nil)
+			}
+		}
+	}
+	// A park under Redact replaces the row's value and headers in the same
+	// statement; without one the statement is the usual.
+	setRedacted, unnestRedacted, cols, args := "", "", "x(id, kind, err, delay_ms)", []any{}
+	if red != nil {
+		setRedacted = `,
+        value           = CASE WHEN x.red THEN x.value ELSE o.value END,
+        headers         = CASE WHEN x.red THEN x.headers ELSE o.headers END`
+		unnestRedacted = `, $9::bool[], $10::bytea[], $11::bytea[]`
+		cols = "x(id, kind, err, delay_ms, red, value, headers)"
+		args = []any{red, values, headers}
 	}
 	done := `UPDATE ` + r.t.messages + ` o SET published_at = now(), next_attempt_at = NULL`
 	if r.cfg.Retention == DeleteOnPublish {
@@ -200,14 +225,14 @@ func (r *Relay) settle(ctx context.Context, outs []outcome, parts []int32, gens 
         last_error      = x.err,
         next_attempt_at = CASE WHEN x.kind = 1 THEN now() + x.delay_ms * interval '1 millisecond' END,
         parked_at       = CASE WHEN x.kind = 2 THEN now() END,
-        park_reason     = CASE WHEN x.kind = 2 THEN x.err END
-    FROM unnest($2::bigint[], $3::int[], $4::text[], $5::bigint[]) AS x(id, kind, err, delay_ms)
+        park_reason     = CASE WHEN x.kind = 2 THEN x.err END`+setRedacted+`
+    FROM unnest($2::bigint[], $3::int[], $4::text[], $5::bigint[]`+unnestRedacted+`) AS `+cols+`
     WHERE o.id = x.id AND o.id = ANY ($2) AND o.published_at IS NULL AND o.parked_at IS NULL
       AND array_position((SELECT parts FROM held), o.part) IS NOT NULL
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM published) + (SELECT count(*) FROM failed)`,
-		pgx.QueryExecModeExec, pub, fail, kinds, errs, delays, parts, gens, r.owner).Scan(&n)
+		append([]any{pgx.QueryExecModeExec, pub, fail, kinds, errs, delays, parts, gens, r.owner}, args...)...).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: settle: %w", err)
 	}

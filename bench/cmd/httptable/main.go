@@ -3,10 +3,12 @@
 // a handler that writes one row in PostgreSQL: bare (one transaction per
 // request), with a hand-written idempotency-key table (the key inserted,
 // the row written, the response stored, in one transaction, as Stripe
-// describes it), and under the middleware (lock, claim, the row and the
-// stored response in one transaction). Runs rotate the order of the three,
+// describes it), and under the middleware (the key's lock and the read of
+// its row, the handler's row, the stored response in one transaction). Runs rotate the order of the three,
 // so the machine's changing load falls on all alike; it prints the median
-// rates and the medians of the runs' ratios as a Markdown table.
+// rates and the medians of the runs' ratios as a Markdown table, and what
+// each writes: WAL bytes per request, which, unlike the rates, does not
+// move with the machine's load.
 //
 //	go run ./bench/cmd/httptable [-clients 8,32] [-requests 4000] [-runs 5] [-cpuprofile f]
 //
@@ -113,6 +115,12 @@ func run(clientList string, n, runs int, cpuprofile string) error {
 	var rows []*row
 	seq := 0
 	cpu, self := map[string][]float64{}, map[string][]float64{} // µs per request
+	wal := map[string][]float64{}                               // bytes per request
+	// CPU of this process and its PostgreSQL server per request, when the
+	// server runs on this machine: the work a request costs, whatever else
+	// the machine runs, which the rates are not.
+	own := map[string][]float64{}
+	postmaster := serverPID(ctx, pool)
 	for _, c := range levels {
 		r := &row{clients: c, rate: map[string][]float64{}}
 		rows = append(rows, r)
@@ -137,10 +145,19 @@ func run(clientList string, n, runs int, cpuprofile string) error {
 					}
 				}
 				seq++
-				cpu0, self0 := machineCPU(), selfCPU()
+				cpu0, self0, srv0 := machineCPU(), selfCPU(), serverCPU(postmaster)
+				lsn0, lerr := walLSN(ctx, pool)
 				d, err := bench.LoadHTTP(ctx, servers[v].URL+"/payments", c, n, fmt.Sprintf("r%d", seq))
 				cpu[v] = append(cpu[v], float64(machineCPU()-cpu0)/float64(n))
 				self[v] = append(self[v], float64(selfCPU()-self0)/float64(n))
+				if postmaster != 0 {
+					own[v] = append(own[v], float64(selfCPU()-self0+serverCPU(postmaster)-srv0)/float64(n))
+				}
+				if lerr == nil {
+					if b, err := walSince(ctx, pool, lsn0); err == nil {
+						wal[v] = append(wal[v], b/float64(n))
+					}
+				}
 				if profiling {
 					pprof.StopCPUProfile()
 				}
@@ -168,6 +185,15 @@ func run(clientList string, n, runs int, cpuprofile string) error {
 	fmt.Println()
 	fmt.Printf("CPU per request, median over all runs (machine-wide, of which this process: load generator, servers, pgx): bare %.0f µs (%.0f), hand-written %.0f µs (%.0f), middleware %.0f µs (%.0f)\n\n",
 		median(cpu["bare"]), median(self["bare"]), median(cpu["hand"]), median(self["hand"]), median(cpu["idem"]), median(self["idem"]))
+	if len(own["idem"]) > 0 {
+		fmt.Printf("CPU per request of this process and its PostgreSQL server, median over all runs: bare %.0f µs, hand-written %.0f µs, middleware %.0f µs (middleware / hand-written as a rate: %.0f%%, middleware / bare: %.0f%%)\n\n",
+			median(own["bare"]), median(own["hand"]), median(own["idem"]),
+			100*median(own["hand"])/median(own["idem"]), 100*median(own["bare"])/median(own["idem"]))
+	}
+	if len(wal["idem"]) > 0 {
+		fmt.Printf("WAL per request, median over all runs: bare %.0f bytes, hand-written %.0f bytes, middleware %.0f bytes\n\n",
+			median(wal["bare"]), median(wal["hand"]), median(wal["idem"]))
+	}
 	for _, r := range rows {
 		fmt.Printf("Target ≥ 95%% of the hand-written handler at %d clients: %.0f%% %s\n", r.clients, 100*median(r.vsHand), met(median(r.vsHand) >= 0.95))
 		fmt.Printf("Target ≥ 70%% of the bare handler at %d clients: %.0f%% %s\n", r.clients, 100*median(r.vsBare), met(median(r.vsBare) >= 0.7))
@@ -180,6 +206,85 @@ func met(ok bool) string {
 		return "(met)"
 	}
 	return "(MISSED)"
+}
+
+// serverPID returns the process ID of pool's PostgreSQL server when it runs
+// on this machine (the parent of this session's backend), else 0.
+func serverPID(ctx context.Context, pool *pgxpool.Pool) int {
+	var backend int
+	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
+		return 0
+	}
+	f := procStat(backend)
+	if len(f) < 4 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(f[3])
+	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", ppid)); err != nil || !strings.HasSuffix(exe, "postgres") {
+		return 0
+	}
+	return ppid
+}
+
+// procStat returns the fields of /proc/pid/stat, the command's name
+// (which may hold spaces) as one.
+func procStat(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil
+	}
+	s := string(b)
+	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || end < open {
+		return nil
+	}
+	return append([]string{s[:open-1], s[open+1 : end]}, strings.Fields(s[end+1:])...)
+}
+
+// serverCPU returns the CPU time, in µs, of the PostgreSQL server whose
+// postmaster is pid: its own and its exited children's, and its live
+// children's (backends, the WAL writer, autovacuum workers).
+func serverCPU(pid int) int64 {
+	if pid == 0 {
+		return 0
+	}
+	ticks := func(f []string, fields ...int) int64 {
+		var t int64
+		for _, i := range fields {
+			if i < len(f) {
+				v, _ := strconv.ParseInt(f[i], 10, 64)
+				t += v
+			}
+		}
+		return t
+	}
+	total := ticks(procStat(pid), 13, 14, 15, 16) // utime, stime, cutime, cstime
+	entries, _ := os.ReadDir("/proc")
+	want := strconv.Itoa(pid)
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if f := procStat(child); len(f) > 14 && f[3] == want {
+			total += ticks(f, 13, 14)
+		}
+	}
+	return total * 1e6 / 100 // USER_HZ
+}
+
+// walLSN returns the server's current WAL insert position.
+func walLSN(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+	var lsn string
+	err := pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&lsn)
+	return lsn, err
+}
+
+// walSince returns how many bytes of WAL the server wrote since lsn.
+func walSince(ctx context.Context, pool *pgxpool.Pool, lsn string) (float64, error) {
+	var b float64
+	err := pool.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::float8`, lsn).Scan(&b)
+	return b, err
 }
 
 // machineCPU returns the machine's busy CPU time so far, in µs, from
