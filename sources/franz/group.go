@@ -109,6 +109,7 @@ func (s *Source) adjustOffsets(ctx context.Context, offsets map[string]map[int32
 		}
 	}
 	sortPartitions(tps)
+	s.log.Info("franz: generation started", "group", s.cfg.Group, "generation", gen, "partitions", len(tps))
 	if len(tps) == 0 {
 		return offsets, nil
 	}
@@ -410,6 +411,7 @@ func (s *Source) commitLoop(ctx context.Context, cl *kgo.Client) {
 		}
 		s.mu.Unlock()
 		s.commitKafka(cl, lanes)
+		s.refreshEnds(ctx, cl)
 	}
 }
 
