@@ -2,9 +2,13 @@ package franz
 
 import (
 	"errors"
+	"net"
+	"strconv"
+	"time"
 
 	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // ErrAuthentication is matched (errors.Is) by the error Fetch returns when
@@ -36,4 +40,21 @@ func authFailure(err error) error {
 		return &authError{err: err}
 	}
 	return kafka.AuthFailure(err)
+}
+
+// connectHook reports the connections the brokers refused for their
+// credentials or certificates: kgo retries them on its own and its polls
+// do not return the error, so Fetch would otherwise wait in silence.
+type connectHook struct{ s *Source }
+
+var _ kgo.HookBrokerConnect = connectHook{}
+
+// OnBrokerConnect implements kgo.HookBrokerConnect.
+func (h connectHook) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if err == nil || !errors.Is(authFailure(err), ErrAuthentication) {
+		return
+	}
+	h.s.log.Error("franz: the broker refused the connection's credentials or certificates",
+		"group", h.s.cfg.Group, "broker", net.JoinHostPort(meta.Host, strconv.Itoa(int(meta.Port))), "err", err)
+	h.s.setError(err)
 }

@@ -115,6 +115,7 @@ func New(db dedupe.DB, cfg Config) (*Source, error) {
 		kgo.AdjustFetchOffsetsFn(s.adjustOffsets),
 		kgo.OnPartitionsRevoked(s.onRevoked),
 		kgo.OnPartitionsLost(s.onLost),
+		kgo.WithHooks(connectHook{s}),
 	)
 	if !cfg.KafkaOffsetsOnly {
 		if db == nil {
