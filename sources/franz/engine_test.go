@@ -9,6 +9,7 @@ import (
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -21,7 +22,10 @@ func insertEffects(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) err
 	offs := make([]int64, len(msgs))
 	for i, m := range msgs {
 		ids[i], lanes[i] = m.DedupeKey.ID, m.Lane
-		_, _, offs[i], _ = Position(m)
+		var ok bool
+		if _, _, offs[i], ok = Position(m); !ok {
+			_, _, offs[i], _ = kafka.Position(m) // TestSwitchFromKafkaGo
+		}
 	}
 	_, err := tx.Exec(ctx, `INSERT INTO effects (msg_id, lane, off) SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`, ids, lanes, offs)
 	return err
