@@ -188,3 +188,43 @@ func TestZombieInPostgres(t *testing.T) {
 		t.Errorf("fenced partition still handed out: %v", got)
 	}
 }
+
+// TestKafkaOffsetsOnly: without the offsets table, the offsets committed
+// to Kafka are the position: a second source of the group goes on where
+// the first one's commits left off, and writes no offsets row.
+func TestKafkaOffsetsOnly(t *testing.T) {
+	e := newEnv(t, 2)
+	e.produce(0, 100)
+	h := &consumertest.Counter{}
+	only := func(c *Config) { c.KafkaOffsetsOnly = true }
+	first := e.source(only)
+	r := consumertest.Start(e.engine(first, h))
+	e.waitEffects(100, 30*time.Second)
+	waitFor(t, 30*time.Second, "the offsets committed to Kafka", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		got, err := e.kafka.CommittedOffsets(ctx, e.group, e.topic)
+		return err == nil && got[0] == 50 && got[1] == 50
+	})
+	r.Stop(t)
+	_ = first.Close()
+	e.produce(100, 120)
+	r = consumertest.Start(e.engine(e.source(only), h))
+	e.waitEffects(120, 30*time.Second)
+	r.Stop(t)
+	if rows, distinct := e.effects(); rows != 120 || distinct != 120 {
+		t.Fatalf("%d effect rows for %d distinct messages, want 120 of each; %s", rows, distinct, h)
+	}
+	if d := h.Total().Duplicate; d != 0 {
+		t.Errorf("%d duplicates: the second source did not start from the offsets in Kafka", d)
+	}
+	var table bool
+	if err := e.pool.QueryRow(context.Background(), `SELECT to_regclass('effectively.kafka_offsets') IS NOT NULL`).Scan(&table); err != nil {
+		t.Fatal(err)
+	}
+	if rows := map[int][2]int64{}; table {
+		if rows = e.storedOffsets(); len(rows) != 0 {
+			t.Errorf("offsets rows %v written with KafkaOffsetsOnly", rows)
+		}
+	}
+}

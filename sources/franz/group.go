@@ -368,7 +368,14 @@ func (s *Source) inFlight(lanes []*lane) bool {
 func (s *Source) fenced(l *lane, err error) {
 	known, found, back := kafka.WentBack(err)
 	if !back {
-		s.log.Warn("franz: partition fenced by a newer generation", "group", s.cfg.Group, "lane", l.name, "generation", l.gen)
+		s.log.Warn("franz: partition fenced by a newer generation; not consuming it until the group takes it from this member",
+			"group", s.cfg.Group, "lane", l.name, "generation", l.gen)
+		s.mu.Lock()
+		cl := s.gcl
+		s.mu.Unlock()
+		if cl != nil {
+			cl.PauseFetchPartitions(partitionMap([]TopicPartition{l.tp})) // resumed when it is revoked
+		}
 		return
 	}
 	s.log.Error("franz: the offsets table went back; claiming the partition again to consume it from the stored offset",
