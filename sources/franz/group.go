@@ -394,7 +394,12 @@ func (s *Source) fenced(l *lane, err error) {
 	}
 	cl.PauseFetchPartitions(partitionMap([]TopicPartition{l.tp}))
 	_, gen := cl.GroupMetadata()
-	go s.claimLater(ctx, cl, max(gen, l.gen), []TopicPartition{l.tp}, nil)
+	// When the row is gone altogether, the partition starts again from its
+	// origin, where this group first consumed it with its offsets here.
+	s.mu.Lock()
+	c := kafkaCommit{offset: l.kafkaCommitted, origin: l.origin}
+	s.mu.Unlock()
+	go s.claimLater(ctx, cl, max(gen, l.gen), []TopicPartition{l.tp}, map[TopicPartition]kafkaCommit{l.tp: c})
 }
 
 // commitLoop commits the settled offsets of the active lanes to Kafka
