@@ -94,6 +94,9 @@ func (rep *Report) target(w io.Writer) {
 	} else {
 		fmt.Fprintf(w, " Target (%s ≥ %d×): not measured, the shape is not in Shapes yet.", QueuedShape, TargetRatio)
 	}
+	if f, k := rep.find("effectively on franz-go, "+FranzShape), rep.find("effectively, "+FranzShape); f != nil && k != nil && k.Rate > 0 {
+		fmt.Fprintf(w, " The franz-go source at %.2f× the kafka-go source (%s; target ≥ 1×): %s.", f.Rate/k.Rate, FranzShape, mark(f.Rate >= k.Rate))
+	}
 	for _, r := range rep.Results {
 		if r.System.Library && (r.Crash != Effects{} || r.NoCrash != Effects{}) {
 			fmt.Fprintf(w, " %s left double or lost effects: INVARIANT BROKEN.", r.System.Name)
