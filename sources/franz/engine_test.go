@@ -228,3 +228,19 @@ func TestKafkaOffsetsOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestSmallPartitionBuffer: partitions whose buffer fills are paused in
+// the client and resumed as the consumer takes their records, again and
+// again; every record is applied once.
+func TestSmallPartitionBuffer(t *testing.T) {
+	e := newEnv(t, 2)
+	e.produce(0, 2000)
+	h := &consumertest.Counter{}
+	src := e.source(func(c *Config) { c.PartitionBuffer = 8 })
+	r := consumertest.Start(e.engine(src, h))
+	e.waitEffects(2000, 30*time.Second)
+	r.Stop(t)
+	if rows, distinct := e.effects(); rows != 2000 || distinct != 2000 {
+		t.Fatalf("%d effect rows for %d distinct messages, want 2000 of each; %s", rows, distinct, h)
+	}
+}

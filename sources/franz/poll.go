@@ -32,14 +32,14 @@ func (s *Source) pollLoop(ctx context.Context, cl *kgo.Client) {
 			failed = err
 		})
 		s.setError(failed)
-		var pause []TopicPartition
+		var full []*lane
 		fs.EachPartition(func(p kgo.FetchTopicPartition) {
-			if tp, full := s.buffer(p); full {
-				pause = append(pause, tp)
+			if l := s.buffer(p); l != nil {
+				full = append(full, l)
 			}
 		})
-		if len(pause) > 0 {
-			cl.PauseFetchPartitions(partitionMap(pause))
+		for _, l := range full {
+			s.syncPause(cl, l)
 		}
 	}
 }
@@ -58,15 +58,14 @@ func (s *Source) setError(err error) {
 }
 
 // buffer hands the records of p to its lane, if the lane is active, and
-// reports whether the lane's buffer is now full and the partition is to be
-// paused.
-func (s *Source) buffer(p kgo.FetchTopicPartition) (TopicPartition, bool) {
+// returns the lane when its buffer is now full: it is to be paused.
+func (s *Source) buffer(p kgo.FetchTopicPartition) *lane {
 	tp := TopicPartition{Topic: p.Topic, Partition: int(p.Partition)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l := s.lanes[tp]
 	if l == nil || l.state != laneActive || l.fenced {
-		return tp, false // not claimed (yet), or no longer owned: its next owner reads it
+		return nil // not claimed (yet), or no longer owned: its next owner reads it
 	}
 	if p.HighWatermark >= 0 {
 		l.highWatermark = p.HighWatermark
@@ -88,11 +87,34 @@ func (s *Source) buffer(p kgo.FetchTopicPartition) (TopicPartition, bool) {
 		msgs = append(msgs, &d.msg)
 	}
 	if len(msgs) == 0 || !s.sched.Add(l.name, msgs...) {
-		return tp, false
+		return nil
 	}
 	if !l.paused && s.sched.Lane(l.name).Buffered >= s.cfg.PartitionBuffer {
 		l.paused = true
-		return tp, true
+		return l
 	}
-	return tp, false
+	return nil
+}
+
+// syncPause pauses or resumes l's partition in the client as l.paused
+// says now. The poll loop pauses a full lane and Fetch resumes it, each
+// after changing l.paused: pauseMu orders their calls, so a pause decided
+// before a resume cannot reach the client after it and leave the
+// partition paused for good. A lane no longer open is left alone: its
+// revoke resumed it, and a new assignment resumes it again.
+func (s *Source) syncPause(cl *kgo.Client, l *lane) {
+	s.pauseMu.Lock()
+	defer s.pauseMu.Unlock()
+	s.mu.Lock()
+	open := s.lanes[l.tp] == l && l.state == laneActive
+	paused := l.paused
+	s.mu.Unlock()
+	if !open {
+		return
+	}
+	if paused {
+		cl.PauseFetchPartitions(partitionMap([]TopicPartition{l.tp}))
+	} else {
+		cl.ResumeFetchPartitions(partitionMap([]TopicPartition{l.tp}))
+	}
 }

@@ -37,6 +37,9 @@ type Source struct {
 	cl        *kgo.Client
 	gcl       *kgo.Client // the client as the group's callbacks got it
 	startErr  error
+	// pauseMu orders the pauses and resumes of full partitions, so that
+	// the client ends in the state the lane asked for last (syncPause).
+	pauseMu sync.Mutex
 	runCtx    context.Context
 	cancel    context.CancelFunc
 	done      sync.WaitGroup // the poll and commit loops
@@ -206,7 +209,7 @@ func (s *Source) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
 	}
 	s.mu.Unlock()
 	if resume {
-		s.cl.ResumeFetchPartitions(map[string][]int32{l.topic: {int32(l.partition)}})
+		s.syncPause(s.cl, l)
 	}
 	return b, nil
 }
