@@ -40,9 +40,9 @@ type Source struct {
 	// pauseMu orders the pauses and resumes of full partitions, so that
 	// the client ends in the state the lane asked for last (syncPause).
 	pauseMu sync.Mutex
-	runCtx    context.Context
-	cancel    context.CancelFunc
-	done      sync.WaitGroup // the poll and commit loops
+	runCtx  context.Context
+	cancel  context.CancelFunc
+	done    sync.WaitGroup // the poll and commit loops
 
 	// sched hands out the lanes' records: one lane per claimed partition,
 	// named like the lane, whose SourceData is the *lane.
