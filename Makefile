@@ -5,8 +5,8 @@ STATICCHECK_VERSION ?= v0.8.2
 FAUXQS    := internal/fauxqs/node_modules/.package-lock.json
 
 # PKGS are the packages of every module of the workspace (go.work): the core
-# and the modules beside it (cli, cmd/effectively, the adapters, the metrics
-# example), which ./... alone would leave out.
+# and the modules beside it (cli, cmd/effectively, the adapters, the
+# franz-go source, the metrics example), which ./... alone would leave out.
 PKGS      := $(shell $(GO) list -m -f '{{.Path}}/...')
 MODDIRS   := $(shell $(GO) list -m -f '{{.Dir}}')
 
@@ -15,10 +15,12 @@ MODDIRS   := $(shell $(GO) list -m -f '{{.Dir}}')
 ## test: the whole suite with the race detector (starts its own PostgreSQL, Kafka and SQS peers)
 test: test-race
 
-# The Kafka chaos test (internal/chaos) runs worker processes against
-# timing bounds derived from the group's session timeouts; it runs after the
-# other packages, alone, so that their load does not stretch those bounds.
-CHAOS     := github.com/effectively-once/effectively/internal/chaos
+# The Kafka chaos tests (internal/chaos for sources/kafka,
+# sources/franz/internal/chaos for sources/franz) run worker processes
+# against timing bounds derived from the group's session timeouts; they run
+# after the other packages, one at a time, so that no other load stretches
+# those bounds.
+CHAOS     := github.com/effectively-once/effectively/internal/chaos github.com/effectively-once/effectively/sources/franz/internal/chaos
 
 # The peers benchmark (Watermill, Sarama, a hand-written kafka-go consumer)
 # is a module of its own, outside the workspace, so that the library never
@@ -27,7 +29,7 @@ PEERS     := bench/peers
 
 test-race: deps
 	$(GO) test -race -count=1 -timeout 30m $(filter-out $(CHAOS),$(shell $(GO) list $(PKGS)))
-	$(GO) test -race -count=1 -timeout 30m $(CHAOS)
+	$(GO) test -race -count=1 -timeout 30m -p 1 $(CHAOS)
 	cd $(PEERS) && GOWORK=off $(GO) test -race -count=1 -timeout 10m ./...
 
 ## test-short: a quicker pass while iterating
@@ -47,9 +49,9 @@ soak: soak-kafka soak-outbox
 soak-outbox:
 	CHAIN_INPUTS=100000 $(GO) test -race -count=1 -timeout 30m -v -run '^TestChained$$' ./outbox/
 
-## soak-kafka: the Kafka source's multi-process chaos run at full length (120,000 messages, 12 kills, 2 freezes; see internal/chaos for the CHAOS_* variables)
+## soak-kafka: the Kafka sources' multi-process chaos run at full length, sources/kafka's then sources/franz's (120,000 messages, 12 kills, 2 freezes; see internal/chaos for the CHAOS_* variables)
 soak-kafka:
-	CHAOS_FULL=1 $(GO) test -race -count=1 -timeout 30m -v -run '^TestChaos$$' ./internal/chaos/
+	CHAOS_FULL=1 $(GO) test -race -count=1 -timeout 60m -p 1 -v -run '^TestChaos$$' $(CHAOS)
 
 ## deps: the pinned SQS emulator used by the tests, after a check that the servers the tests start are installed
 deps: servers $(FAUXQS)

@@ -21,7 +21,9 @@
 // The systems (Systems):
 //
 //   - this library: sources/kafka and the consumer with the idset strategy,
-//     batches of 500, one row per message, with each handler shape (Shapes);
+//     batches of 500, one row per message, with each handler shape (Shapes),
+//     and sources/franz (franz-go's kgo client) with the same consumer and
+//     the BatchHandler shape (FranzShape);
 //   - Watermill v1.5.1 with its Kafka subscriber (watermill-kafka/v3, on
 //     Sarama), a router handler that inserts the row in a pgx transaction,
 //     and the router's Deduplicator middleware, both as shipped (its default

@@ -28,6 +28,11 @@ func Systems() []System {
 	for _, s := range Shapes {
 		out = append(out, System{Name: "effectively, " + s.Name, Library: true, run: runEffectively(s)})
 	}
+	for _, s := range Shapes {
+		if s.Name == FranzShape {
+			out = append(out, System{Name: "effectively on franz-go, " + s.Name, Library: true, run: runFranz(s)})
+		}
+	}
 	return append(out,
 		System{Name: "Watermill + Deduplicator, as shipped (Adler-32)", run: runWatermill(nil)},
 		System{Name: "Watermill + Deduplicator, SHA-256", run: runWatermill(middleware.NewMessageHasherSHA256(math.MaxInt64))},

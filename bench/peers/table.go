@@ -39,6 +39,17 @@ func (rep *Report) Table(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	rep.target(w)
+	rep.franzTarget(w)
+}
+
+// franzTarget writes the franz-go source's throughput against the kafka-go
+// source's with the same shape: the target is at least as fast.
+func (rep *Report) franzTarget(w io.Writer) {
+	f, k := rep.find("effectively on franz-go, "+FranzShape), rep.find("effectively, "+FranzShape)
+	if f == nil || k == nil || k.Rate == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nThe franz-go source at %.2f× the kafka-go source (%s; target ≥ 1×): %s.\n", f.Rate/k.Rate, FranzShape, mark(f.Rate >= k.Rate))
 }
 
 // effects formats what a run left, counted against w's N.

@@ -1,8 +1,11 @@
-// Package chaos runs the Kafka source the way production does and breaks
+// Package chaos runs a Kafka source the way production does and breaks
 // it on purpose: a broker in its own process (franz-go's kfake, cmd/broker),
-// several worker processes built from the library (cmd/worker: a consumer
-// over sources/kafka with the idset strategy, one effect row per message),
-// and a driver, the package's test, that produces a paced stream with
+// several worker processes built from the library (a consumer with the
+// idset strategy, one effect row per message: package worker, given its
+// source by a main package, cmd/worker for sources/kafka and
+// sources/franz/internal/chaos/cmd/worker for sources/franz), and a
+// driver (package chaostest, run by this package's test for sources/kafka
+// and by sources/franz/internal/chaos's), that produces a paced stream with
 // producer duplicates and poison messages while it kills workers with
 // SIGKILL, freezes one with SIGSTOP for longer than the session timeout,
 // starts replacements, creates a topic the workers are configured to
@@ -21,7 +24,7 @@
 // (CHAOS_WORKER_RACE=1 builds them with it): instrumented, four workers
 // beside the broker and Postgres would starve a small machine and the
 // stalls would measure the machine; the library's code runs under the race
-// detector in its own packages' tests. See TestChaos for the other
+// detector in its own packages' tests. See chaostest.Run for the other
 // environment variables.
 package chaos
 

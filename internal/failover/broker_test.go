@@ -3,7 +3,6 @@ package failover
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -18,11 +17,6 @@ import (
 // that, like SQS, forgets a message once it is acknowledged and redelivers
 // what was not.
 
-const (
-	messages  = 3000 // logical messages, each published once, every tenth twice
-	batchSize = 50
-)
-
 // insertEffect is the handler: one effect row per message, after the gate.
 func insertEffect(g *gate) consumer.Handler {
 	return func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -30,15 +24,6 @@ func insertEffect(g *gate) consumer.Handler {
 		_, err := tx.Exec(ctx, `INSERT INTO effects (msg_id) VALUES ($1)`, m.ID)
 		return err
 	}
-}
-
-// logger is the consumer's logger: quiet, unless TEST_LOG is set, since
-// every batch the switch rolls back is logged.
-func logger() *slog.Logger {
-	if l := consumertest.Logger(); l != nil {
-		return l
-	}
-	return slog.New(slog.DiscardHandler)
 }
 
 // startBrokerConsumer publishes the workload on a broker that also

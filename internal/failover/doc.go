@@ -5,6 +5,8 @@
 // asynchronous replication, with the test broker (consumertest, a source
 // that forgets what it acknowledged), the SQS source on the fauxqs
 // emulator and the Kafka source on kfake (whose offsets are stored in
-// Postgres). It has no non-test code; what the tests show is written down
-// in docs/failover.md.
+// Postgres). Its non-test code is the tests' kit and RunKafka, which runs
+// the Kafka workload for any Kafka source (sources/kafka here,
+// sources/franz in its own module); what the tests show is written down in
+// docs/failover.md.
 package failover

@@ -88,7 +88,7 @@ func TestKafkaAsynchronousFailoverStandbyAck(t *testing.T) {
 	for _, on := range []bool{false, true} {
 		t.Run(map[bool]string{false: "off", true: "on"}[on], func(t *testing.T) {
 			p := startPair(t, false)
-			k := newKafkaRun(t, p)
+			k := newKafkaRun(t, p, kafkaGo)
 			if on {
 				k.ack = standbyAck
 			}

@@ -1,4 +1,4 @@
-package chaos_test
+package chaostest
 
 import (
 	"bufio"
@@ -19,9 +19,10 @@ import (
 	"github.com/effectively-once/effectively/internal/chaos"
 )
 
-// buildBinaries builds the broker and worker programs into dir. With race
-// the worker is built with the race detector (CHAOS_WORKER_RACE=1).
-func buildBinaries(t *testing.T, dir string, race bool) (broker, worker string) {
+// buildBinaries builds the broker program and the worker program
+// workerPkg (an import path) into dir. With race the worker is built with
+// the race detector (CHAOS_WORKER_RACE=1).
+func buildBinaries(t *testing.T, dir, workerPkg string, race bool) (broker, worker string) {
 	t.Helper()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
@@ -38,11 +39,11 @@ func buildBinaries(t *testing.T, dir string, race bool) (broker, worker string) 
 	}
 	broker, worker = filepath.Join(dir, "broker"), filepath.Join(dir, "worker")
 	start := time.Now()
-	build(broker, "./cmd/broker")
+	build(broker, BrokerPackage)
 	if race {
-		build(worker, "./cmd/worker", "-race")
+		build(worker, workerPkg, "-race")
 	} else {
-		build(worker, "./cmd/worker")
+		build(worker, workerPkg)
 	}
 	t.Logf("built broker and worker (race %v) in %s", race, time.Since(start).Round(time.Millisecond))
 	return broker, worker

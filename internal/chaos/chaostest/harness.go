@@ -1,4 +1,4 @@
-package chaos_test
+package chaostest
 
 import (
 	"errors"
@@ -7,14 +7,14 @@ import (
 	"time"
 )
 
-// TestWorkerThatCannotStart: a worker that fails before it is ready (here:
-// no database to migrate) makes startProc return at once with the
-// worker's own error, instead of the run waiting for it.
-func TestWorkerThatCannotStart(t *testing.T) {
+// WorkerThatCannotStart checks that a worker of h that fails before it is
+// ready (here: no database to migrate) makes startProc return at once with
+// the worker's own error, instead of the run waiting for it.
+func WorkerThatCannotStart(t *testing.T, h Harness) {
 	if testing.Short() {
 		t.Skip("builds the worker program: skipped with -short")
 	}
-	_, worker := buildBinaries(t, t.TempDir(), false)
+	_, worker := buildBinaries(t, t.TempDir(), h.Worker, false)
 	start := time.Now()
 	_, _, err := startProc(t, "w-bad", t.TempDir(), 2*time.Minute, worker,
 		"-brokers", "127.0.0.1:1", "-db", "postgres://nobody@/nowhere?host=/nonexistent&connect_timeout=5", "-topics", "t", "-exit-with-stdin")

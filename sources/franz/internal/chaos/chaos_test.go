@@ -1,0 +1,25 @@
+// Package chaos runs sources/franz through the chaos run sources/kafka
+// runs (the core's internal/chaos/chaostest): worker processes killed with
+// SIGKILL, frozen with SIGSTOP and replaced, topics created and partitions
+// added while a paced stream with producer duplicates and poison messages
+// flows; then exactly one effect per message, exactly the poison messages
+// parked, stored offsets that never went backwards, stalls within bound.
+package chaos_test
+
+import (
+	"testing"
+
+	"github.com/effectively-once/effectively/internal/chaos/chaostest"
+	"github.com/effectively-once/effectively/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var franzWorker = chaostest.Harness{Worker: "github.com/effectively-once/effectively/sources/franz/internal/chaos/cmd/worker"}
+
+// TestChaos: see chaostest.Run and its environment variables.
+func TestChaos(t *testing.T) { chaostest.Run(t, franzWorker) }
+
+// TestWorkerThatCannotStart: a worker that fails before it is ready makes
+// the run stop at once with the worker's own error.
+func TestWorkerThatCannotStart(t *testing.T) { chaostest.WorkerThatCannotStart(t, franzWorker) }
