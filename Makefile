@@ -43,9 +43,10 @@ SOAK_SEEDS ?= 200
 soak: soak-kafka soak-outbox
 	INVARIANT_SEEDS=$(SOAK_SEEDS) $(GO) test -race -count=1 -timeout 4h -run '^TestInvariant$$' $(SOAK_FLAGS) ./consumer/
 
-## soak-outbox: the outbox's chained invariant (stage A, outbox, relays, Kafka, stage B) at 100,000 inputs
+## soak-outbox: the outbox's chained invariants at 100,000 inputs: in process (stage A, outbox, relays, Kafka, stage B), then with every stage and relay a child process killed with SIGKILL (log and table relays, Kafka, SQS standard and FIFO; without the race detector, as the chaos workers, so that a dozen instrumented processes do not starve the machine)
 soak-outbox:
 	CHAIN_INPUTS=100000 $(GO) test -race -count=1 -timeout 30m -v -run '^TestChained$$' ./outbox/
+	CHAIN_KILL_INPUTS=100000 $(GO) test -count=1 -timeout 90m -v -run '^TestChainedKill$$' ./outbox/
 
 ## soak-kafka: the Kafka source's multi-process chaos run at full length (120,000 messages, 12 kills, 2 freezes; see internal/chaos for the CHAOS_* variables)
 soak-kafka:
