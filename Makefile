@@ -78,10 +78,11 @@ bench:
 bench-expiry:
 	$(GO) run ./bench/cmd/expirytable
 
-## bench-outbox: the outbox's emit overhead, relay throughput and commit-to-publish latency (see BENCHMARKS.md)
+## bench-outbox: the outbox's emit overhead, relay throughput and commit-to-publish latency, then the two-stage chain against stage A alone (see BENCHMARKS.md; CHAIN_FLAGS e.g. -n 100000 -runs 5 -cpuprofile chain.pprof)
 .PHONY: bench-outbox
 bench-outbox:
 	$(GO) run ./bench/cmd/outboxtable
+	$(GO) run ./bench/cmd/chaintable $(CHAIN_FLAGS)
 
 ## bench-lanes: each handler shape and raw SQL at 1, 2, 4 and 8 lanes, with CPU, WAL fsync and wait events per row (see BENCHMARKS.md; LANES_FLAGS e.g. -synchronous-commit on,off -runs 5)
 .PHONY: bench-lanes
