@@ -66,6 +66,7 @@ func ProduceInputs(ctx context.Context, k *kafkatest.Cluster, n int) (string, er
 		return "", err
 	}
 	w := KafkaWriter(k, topic)
+	w.Transport = &kafkago.Transport{} // see Chain
 	defer w.Close()
 	batch := make([]kafkago.Message, 0, 5000)
 	for i := range n {

@@ -323,7 +323,7 @@ func newChainProcs(t *testing.T, env []string) *chainProcs {
 	return p
 }
 
-func kind(role string) string {
+func chainKind(role string) string {
 	if strings.HasSuffix(role, "relay") {
 		return "relay"
 	}
@@ -336,8 +336,8 @@ func (p *chainProcs) start(name, role string) {
 	t := p.t
 	t.Helper()
 	p.mu.Lock()
-	p.starts[kind(role)]++
-	life := p.starts[kind(role)]
+	p.starts[chainKind(role)]++
+	life := p.starts[chainKind(role)]
 	p.mu.Unlock()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestChainChild$", "-test.count=1")
 	env := append(os.Environ(), p.env...)
@@ -413,9 +413,9 @@ func (p *chainProcs) kill(name string) {
 	defer c.mu.Unlock()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.kills[kind(c.role)]++
-	p.applied[kind(c.role)] += c.last[0]
-	p.dupes[kind(c.role)] += c.last[1]
+	p.kills[chainKind(c.role)]++
+	p.applied[chainKind(c.role)] += c.last[0]
+	p.dupes[chainKind(c.role)] += c.last[1]
 }
 
 func (p *chainProcs) killAll() {
@@ -432,7 +432,7 @@ func (p *chainProcs) killAll() {
 	defer p.mu.Unlock()
 	// The final kills end the run; they are not the test's kills.
 	for _, n := range names {
-		p.kills[kind(p.roles[n])]--
+		p.kills[chainKind(p.roles[n])]--
 	}
 }
 
