@@ -45,9 +45,10 @@ SOAK_SEEDS ?= 200
 soak: soak-kafka soak-outbox
 	INVARIANT_SEEDS=$(SOAK_SEEDS) $(GO) test -race -count=1 -timeout 4h -run '^TestInvariant$$' $(SOAK_FLAGS) ./consumer/
 
-## soak-outbox: the outbox's chained invariant (stage A, outbox, relays, Kafka, stage B) at 100,000 inputs
+## soak-outbox: the outbox's chained invariants at 100,000 inputs: in process (stage A, outbox, relays, Kafka, stage B), then with every stage and relay a child process killed with SIGKILL (log and table relays, Kafka, SQS standard and FIFO; without the race detector, as the chaos workers, so that a dozen instrumented processes do not starve the machine)
 soak-outbox:
 	CHAIN_INPUTS=100000 $(GO) test -race -count=1 -timeout 30m -v -run '^TestChained$$' ./outbox/
+	CHAIN_KILL_INPUTS=100000 $(GO) test -count=1 -timeout 90m -v -run '^TestChainedKill$$' ./outbox/
 
 ## soak-kafka: the Kafka sources' multi-process chaos run at full length, sources/kafka's then sources/franz's (120,000 messages, 12 kills, 2 freezes; see internal/chaos for the CHAOS_* variables)
 soak-kafka:
@@ -79,10 +80,11 @@ bench:
 bench-expiry:
 	$(GO) run ./bench/cmd/expirytable
 
-## bench-outbox: the outbox's emit overhead, relay throughput and commit-to-publish latency (see BENCHMARKS.md)
+## bench-outbox: the outbox's emit overhead, relay throughput and commit-to-publish latency, then the two-stage chain against stage A alone (see BENCHMARKS.md; CHAIN_FLAGS e.g. -n 100000 -runs 5 -cpuprofile chain.pprof)
 .PHONY: bench-outbox
 bench-outbox:
 	$(GO) run ./bench/cmd/outboxtable
+	$(GO) run ./bench/cmd/chaintable $(CHAIN_FLAGS)
 
 ## bench-lanes: each handler shape and raw SQL at 1, 2, 4 and 8 lanes, with CPU, WAL fsync and wait events per row (see BENCHMARKS.md; LANES_FLAGS e.g. -synchronous-commit on,off -runs 5)
 .PHONY: bench-lanes

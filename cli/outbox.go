@@ -18,6 +18,9 @@ type OutboxStats struct {
 	Table  string            `json:"table"`
 	Sinks  []OutboxSinkStats `json:"sinks"`
 	Leases OutboxLeaseStats  `json:"leases"`
+	// Slots are the log relays' replication slots, with the problems
+	// "outbox health" would report at its defaults.
+	Slots []OutboxSlot `json:"slots"`
 }
 
 // OutboxSinkStats is one sink's rows.
@@ -104,15 +107,16 @@ func (a *app) outboxCmd() *cobra.Command {
 		Use:   "outbox",
 		Short: "Report the outbox, list, redrive and purge its parked messages",
 		Long: `The outbox holds the messages emitted inside business transactions until a
-relay publishes them. "outbox stats" reports what waits per sink and who holds
-the partitions; a message a sink refused for good (too large, unknown topic or
+relay publishes them. "outbox stats" reports what waits per sink, who holds
+the partitions and the log relays' replication slots; "outbox health" checks
+the slots and exits non-zero on a problem; a message a sink refused for good (too large, unknown topic or
 queue) is parked and holds back the later messages of its key until it is
 redriven ("outbox redrive") or purged ("outbox purge"). The tables are in
 --schema, named after --outbox-table.`,
 	}
 	cmd.PersistentFlags().StringVar(&of.table, "outbox-table", outbox.DefaultTable,
 		"name of the outbox's messages table (its other tables take it as a prefix)")
-	cmd.AddCommand(a.outboxStatsCmd(of), a.outboxListCmd(of), a.outboxRedriveCmd(of), a.outboxPurgeCmd(of))
+	cmd.AddCommand(a.outboxStatsCmd(of), a.outboxHealthCmd(of), a.outboxListCmd(of), a.outboxRedriveCmd(of), a.outboxPurgeCmd(of))
 	return cmd
 }
 
@@ -131,9 +135,10 @@ func (a *app) outboxStatsCmd(of *outboxFlags) *cobra.Command {
 		Short: "Report rows waiting, parked and published per sink, and the partition leases",
 		Long: `Report, per sink, the rows waiting for a relay (neither published nor parked)
 and the oldest one's age, the parked rows, and the published rows the cleanup
-has not deleted yet; and how many of the partitions are leased, to how many
+has not deleted yet; how many of the partitions are leased, to how many
 relays, and how many leases ran out without being released (a relay that
-died or stalled: another takes them over). It reads the whole messages table,
+died or stalled: another takes them over); and the log relays' replication
+slots, as "outbox health" checks them. It reads the whole messages table,
 which the cleanup keeps small; it only reads.`,
 		Example: `  effectively outbox stats
   effectively outbox stats --outbox-table orders_outbox --json`,
@@ -159,6 +164,14 @@ which the cleanup keeps small; it only reads.`,
 				rep.Sinks = append(rep.Sinks, OutboxSinkStats{Sink: s.Sink, Waiting: s.Waiting,
 					OldestWaitingSeconds: s.OldestWaitingAge.Seconds(), Parked: s.Parked, Published: s.Published})
 			}
+			slots, err := o.Slots(ctx, pool)
+			if err != nil {
+				return err
+			}
+			rep.Slots = []OutboxSlot{}
+			for _, s := range slots {
+				rep.Slots = append(rep.Slots, outboxSlot(s, outbox.SlotProblems{MaxLagBytes: DefaultMaxSlotLagBytes, MaxConfirmLag: DefaultMaxConfirmLag}))
+			}
 			if asJSON {
 				return writeJSON(cmd.OutOrStdout(), rep)
 			}
@@ -177,6 +190,10 @@ which the cleanup keeps small; it only reads.`,
 			}
 			fmt.Fprintf(out, "\nleases: %d of %d partitions held by %d relay(s), %d expired; %d relay(s) alive\n",
 				l.Held, l.Partitions, l.Relays, l.Expired, l.RelaysAlive)
+			if len(rep.Slots) > 0 {
+				fmt.Fprintln(out, "\nlog relay slots (a log relay marks nothing published: WAITING counts its rows until the cleanup deletes them):")
+				printSlots(out, rep.Slots)
+			}
 			return nil
 		}),
 	}

@@ -30,6 +30,8 @@ import (
 // restarted once and stage B twice. Stage B applies
 // exactly one effect per logical input, and each key's first deliveries
 // reach it in the outbox's commit order. CHAIN_INPUTS sets the size.
+// TestChainedKill checks the same invariant with every stage and relay a
+// real process killed with SIGKILL, and with poison inputs.
 func TestChained(t *testing.T) {
 	t.Run("Handler", func(t *testing.T) { testChained(t, false) })
 	t.Run("BatchHandler", func(t *testing.T) { testChained(t, true) })

@@ -72,7 +72,8 @@ func TestDashboardQueriesRegisteredSeries(t *testing.T) {
 		"effectively_batch_duration_seconds_bucket", "effectively_commit_duration_seconds_bucket",
 		"effectively_parked_total", "effectively_outbox_waiting_rows",
 		"effectively_outbox_commit_to_publish_seconds_bucket", "effectively_shadow_verdicts_total",
-		"effectively_switchover_consulting",
+		"effectively_switchover_consulting", "effectively_outbox_slot_lag_bytes", "effectively_outbox_slot_losses_total",
+		"effectively_outbox_slot_reported_timestamp_seconds",
 	} {
 		if !used[m] {
 			t.Errorf("the dashboard does not query %s", m)
@@ -147,6 +148,8 @@ func registeredSeries(t *testing.T) map[string][]string {
 	relay.Woke(ctx, "r", outbox.WakePoll)
 	relay.LeasesChanged(ctx, outbox.LeaseEvent{Owner: "r", Acquired: 1})
 	relay.Backlog(ctx, "r", []outbox.Backlog{{Sink: "kafka", Waiting: 2, Oldest: time.Second}})
+	relay.SlotLag(ctx, outbox.LogStats{Slot: "s", Owner: "r", Active: true, Reconnects: 1, SlotsLost: 1, SlotsCreated: 2,
+		Recovered: 3, OldestUnconfirmed: time.Second}, 4096)
 
 	mfs, err := reg.Gather()
 	if err != nil {

@@ -35,8 +35,9 @@ type RelayOptions struct {
 }
 
 // RelayMetrics turns outbox relay hook calls into Prometheus metrics. It
-// implements outbox.RelayHook, WakeHook, LeaseHook and BacklogHook, to pass
-// in outbox.RelayConfig.Hooks, and prometheus.Collector, to register. It is
+// implements outbox.RelayHook, WakeHook, LeaseHook, BacklogHook and LogHook,
+// to pass in outbox.RelayConfig.Hooks or outbox.LogRelayConfig.Hooks, and
+// prometheus.Collector, to register. It is
 // safe for concurrent use by several relays; their series add up (the
 // backlog gauges, the same for every relay, keep the last report).
 type RelayMetrics struct {
@@ -49,10 +50,12 @@ type RelayMetrics struct {
 	passErrs  prom.Counter
 	waiting   *prom.GaugeVec
 	oldest    *prom.GaugeVec
+	slot      slotMetrics
 	collected []prom.Collector
 
 	mu    sync.Mutex
-	sinks map[string]bool // sinks the backlog gauges have reported
+	sinks map[string]bool            // sinks the backlog gauges have reported
+	last  map[string]outbox.LogStats // by log relay owner: its counters as last reported
 }
 
 var (
@@ -60,6 +63,7 @@ var (
 	_ outbox.WakeHook    = (*RelayMetrics)(nil)
 	_ outbox.LeaseHook   = (*RelayMetrics)(nil)
 	_ outbox.BacklogHook = (*RelayMetrics)(nil)
+	_ outbox.LogHook     = (*RelayMetrics)(nil)
 	_ prom.Collector     = (*RelayMetrics)(nil)
 )
 
@@ -75,7 +79,7 @@ func NewRelay(opts RelayOptions) (*RelayMetrics, error) {
 	}
 	for name := range opts.ConstLabels {
 		switch name {
-		case labelSink, labelKind, labelChange, labelOutcome:
+		case labelSink, labelKind, labelChange, labelOutcome, labelSlot:
 			return nil, &OptionsError{Field: "ConstLabels", Reason: fmt.Sprintf("label %q is set by the package itself", name)}
 		}
 	}
@@ -116,7 +120,9 @@ func NewRelay(opts RelayOptions) (*RelayMetrics, error) {
 		waiting: gauge("outbox_waiting_rows", "Outbox rows waiting for a relay (unpublished, not parked), per sink, as last reported."),
 		oldest: gauge("outbox_oldest_unpublished_seconds",
 			"Age of the oldest outbox row waiting for a relay, per sink, as last reported; 0 when none waits."),
+		slot:  newSlotMetrics(ns, cl),
 		sinks: map[string]bool{},
+		last:  map[string]outbox.LogStats{},
 	}
 	for _, k := range []outbox.WakeKind{outbox.WakeNotify, outbox.WakePoll} {
 		m.wakeups.WithLabelValues(k.String())
@@ -124,7 +130,8 @@ func NewRelay(opts RelayOptions) (*RelayMetrics, error) {
 	for _, c := range []string{"acquired", "lost", "released"} {
 		m.leases.WithLabelValues(c)
 	}
-	m.collected = []prom.Collector{m.messages, m.parked, m.publish, m.latency, m.wakeups, m.leases, m.passErrs, m.waiting, m.oldest}
+	m.collected = append([]prom.Collector{m.messages, m.parked, m.publish, m.latency, m.wakeups, m.leases, m.passErrs, m.waiting, m.oldest},
+		m.slot.collectors()...)
 	return m, nil
 }
 
