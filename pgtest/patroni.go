@@ -1,0 +1,510 @@
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// PatroniOptions for StartPatroni.
+type PatroniOptions struct {
+	// Synchronous turns Patroni's synchronous_mode on: the primary names
+	// its streaming standby in synchronous_standby_names, so a COMMIT
+	// returns only once the standby has it, and Patroni fails over only to
+	// that standby. Defaults to false: asynchronous replication.
+	Synchronous bool
+	// Logf receives progress lines; nil means quiet.
+	Logf func(format string, args ...any)
+}
+
+// Patroni is a throwaway pair of PostgreSQL servers managed by Patroni,
+// with a throwaway etcd as Patroni's store, as production runs an HA
+// pair: Patroni elects the leader, makes the other member a streaming
+// standby, and when the leader's postgres dies it promotes the standby and
+// makes the old leader a standby of the new one (with pg_rewind). The
+// servers listen on free TCP ports of 127.0.0.1 and trust every local
+// connection. Patroni fails over at once when a leader's postgres crashes
+// (primary_start_timeout = 0) instead of restarting it, and runs its loop
+// every second (loop_wait = 1).
+type Patroni struct {
+	// Members are the two members, named "m0" and "m1". Which of them
+	// leads changes with failovers: see Leader.
+	Members []*PatroniMember
+
+	dir   string // holds etcd's and the members' directories
+	sync  bool
+	etcd  *etcd
+	cred  *syscall.Credential
+	pgCtl string
+	logf  func(format string, args ...any)
+
+	stopOnce sync.Once
+	stopErr  error
+	untrack  func()
+}
+
+// PatroniMember is one Patroni process and the PostgreSQL server it runs.
+type PatroniMember struct {
+	Name    string
+	dir     string // config, Patroni's log, the server's Unix socket
+	dataDir string
+	pgPort  int
+	apiPort int
+	cmd     *exec.Cmd
+	exited  chan struct{}
+}
+
+// StartPatroni starts etcd and two Patroni members in a fresh temporary
+// directory, and returns once one member leads and accepts writes and the
+// other streams from it (as its synchronous standby when asked). It
+// returns an error wrapping ErrNoPatroni when patroni or etcd is not
+// installed. The caller must call Stop.
+func StartPatroni(ctx context.Context, opts PatroniOptions) (*Patroni, error) {
+	begin := time.Now()
+	patroniBin, err1 := exec.LookPath("patroni")
+	etcdBin, err2 := exec.LookPath("etcd")
+	if err1 != nil || err2 != nil {
+		return nil, fmt.Errorf("pgtest: %w", ErrNoPatroni)
+	}
+	_, pgCtl, err := findBinaries()
+	if err != nil {
+		return nil, err
+	}
+	cred, err := serverUser()
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: %w", err)
+	}
+	dir, err := os.MkdirTemp("", "patroni-")
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: %w", err)
+	}
+	p := &Patroni{dir: dir, sync: opts.Synchronous, cred: cred, pgCtl: pgCtl, logf: opts.Logf}
+	if p.logf == nil {
+		p.logf = func(string, ...any) {}
+	}
+	p.untrack = track(p.Stop) // stopped on SIGINT or SIGTERM, even while starting
+	fail := func(err error) (*Patroni, error) {
+		p.Stop()
+		return nil, fmt.Errorf("pgtest: patroni: %w", err)
+	}
+	if err := p.mkdir(dir); err != nil {
+		return fail(err)
+	}
+	if p.etcd, err = startEtcd(ctx, etcdBin, dir, cred); err != nil {
+		return fail(err)
+	}
+	for i := range 2 {
+		m, err := p.startMember(patroniBin, "m"+strconv.Itoa(i), filepath.Dir(pgCtl))
+		if err != nil {
+			return fail(err)
+		}
+		p.Members = append(p.Members, m)
+	}
+	leader, err := p.Leader(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	if err := p.WaitStreaming(ctx, leader, p.Other(leader)); err != nil {
+		return fail(err)
+	}
+	p.logf("pgtest: patroni pair in %s (synchronous_mode %v, leader %s) running, started in %v",
+		dir, p.sync, leader.Name, time.Since(begin).Round(time.Millisecond))
+	return p, nil
+}
+
+// mkdir makes dir (if missing) owned by the servers' user.
+func (p *Patroni) mkdir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return err
+	}
+	if p.cred != nil {
+		return os.Chown(dir, int(p.cred.Uid), int(p.cred.Gid))
+	}
+	return nil
+}
+
+// startMember writes a member's configuration and starts its Patroni.
+func (p *Patroni) startMember(bin, name, binDir string) (*PatroniMember, error) {
+	ports, err := freePorts(2)
+	if err != nil {
+		return nil, err
+	}
+	m := &PatroniMember{Name: name, dir: filepath.Join(p.dir, name), pgPort: ports[0], apiPort: ports[1], exited: make(chan struct{})}
+	m.dataDir = filepath.Join(m.dir, "data")
+	if err := p.mkdir(m.dir); err != nil {
+		return nil, err
+	}
+	config := fmt.Sprintf(`scope: pgtest
+namespace: /pgtest/
+name: %[1]s
+log:
+  level: INFO
+restapi:
+  listen: 127.0.0.1:%[2]d
+  connect_address: 127.0.0.1:%[2]d
+etcd3:
+  host: 127.0.0.1:%[3]d
+bootstrap:
+  dcs:
+    ttl: 20
+    loop_wait: 1
+    retry_timeout: 5
+    primary_start_timeout: 0
+    synchronous_mode: %[4]v
+    postgresql:
+      use_pg_rewind: true
+      use_slots: true
+      parameters:
+        max_connections: 300
+        max_wal_senders: 10
+        max_replication_slots: 10
+        wal_level: logical
+        wal_log_hints: "on"
+        fsync: "off"
+        shared_buffers: 64MB
+  initdb:
+    - encoding: UTF8
+    - locale: C
+postgresql:
+  listen: 127.0.0.1:%[5]d
+  connect_address: 127.0.0.1:%[5]d
+  data_dir: %[6]s
+  bin_dir: %[7]s
+  pgpass: %[8]s
+  remove_data_directory_on_rewind_failure: true
+  remove_data_directory_on_diverged_timelines: true
+  authentication:
+    superuser:
+      username: postgres
+      password: postgres
+    replication:
+      username: replicator
+      password: replicator
+  pg_hba:
+    - local all all trust
+    - host all all 127.0.0.1/32 trust
+    - host replication all 127.0.0.1/32 trust
+  parameters:
+    unix_socket_directories: '%[9]s'
+watchdog:
+  mode: "off"
+`, name, m.apiPort, p.etcd.clientPort, p.sync, m.pgPort, m.dataDir, binDir, filepath.Join(m.dir, "pgpass"), m.dir)
+	configFile := filepath.Join(m.dir, "patroni.yml")
+	if err := os.WriteFile(configFile, []byte(config), 0o600); err != nil {
+		return nil, err
+	}
+	logFile, err := os.Create(filepath.Join(m.dir, "patroni.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	if p.cred != nil {
+		for _, f := range []string{configFile, logFile.Name()} {
+			if err := os.Chown(f, int(p.cred.Uid), int(p.cred.Gid)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	cmd := exec.Command(interpreter(bin), "-c", reaper, bin, configFile)
+	cmd.Dir = m.dir
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	m.cmd = cmd
+	go func() { _ = cmd.Wait(); close(m.exited) }()
+	return m, nil
+}
+
+// reaper is a Python program that runs its arguments as a child and reaps
+// every orphaned descendant (it is their subreaper): Patroni starts the
+// postmaster detached (setsid, its parent exits), and in a container whose
+// init never reaps, a killed postmaster would stay a zombie that Patroni
+// believes alive, and never fail over. It exits with its child.
+const reaper = `import ctypes, os, sys
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+child = os.fork()
+if child == 0:
+    os.execv(sys.argv[1], sys.argv[1:])
+while True:
+    pid, status = os.wait()
+    if pid == child:
+        sys.exit(os.waitstatus_to_exitcode(status))
+`
+
+// interpreter returns the interpreter of the script at path, from its #!
+// line, or python3.
+func interpreter(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || !strings.HasPrefix(string(b), "#!") {
+		return "python3"
+	}
+	line, _, _ := strings.Cut(string(b[2:]), "\n")
+	if f := strings.Fields(line); len(f) == 1 {
+		return f[0]
+	}
+	return "python3"
+}
+
+// URL returns the connection URL of the "postgres" database on the
+// member's server, as the superuser "postgres".
+func (m *PatroniMember) URL() string {
+	return "postgres://postgres@127.0.0.1:" + strconv.Itoa(m.pgPort) + "/postgres?sslmode=disable"
+}
+
+// Log returns the last n lines of the member's Patroni log, for a
+// failure's message.
+func (m *PatroniMember) Log(n int) string { return logTail(filepath.Join(m.dir, "patroni.log"), n) }
+
+// Other returns the member that is not m.
+func (p *Patroni) Other(m *PatroniMember) *PatroniMember {
+	if p.Members[0] == m {
+		return p.Members[1]
+	}
+	return p.Members[0]
+}
+
+// URL returns a multi-host connection string for the database name, as an
+// application that follows a failover uses: both members, and
+// target_session_attrs=read-write, so that a connection goes to whichever
+// of them accepts writes.
+func (p *Patroni) URL(name string) string {
+	var hosts, ports []string
+	for _, m := range p.Members {
+		hosts = append(hosts, "127.0.0.1")
+		ports = append(ports, strconv.Itoa(m.pgPort))
+	}
+	q := strings.NewReplacer(`\`, `\\`, `'`, `\'`)
+	return fmt.Sprintf("host=%s port=%s user=postgres dbname='%s' sslmode=disable target_session_attrs=read-write",
+		strings.Join(hosts, ","), strings.Join(ports, ","), q.Replace(name))
+}
+
+// CreateDatabase creates the database name on the leader, waits until the
+// standby has it too (a client of the multi-host URL that meets the
+// standby first gives up on a database it does not know) and returns its
+// multi-host connection string (see URL).
+func (p *Patroni) CreateDatabase(ctx context.Context, name string) (string, error) {
+	leader, err := p.Leader(ctx)
+	if err != nil {
+		return "", err
+	}
+	if _, err := createDatabase(ctx, leader.URL(), name); err != nil {
+		return "", err
+	}
+	if err := p.CatchUp(ctx, leader, p.Other(leader)); err != nil {
+		return "", err
+	}
+	return p.URL(name), nil
+}
+
+// Leader waits until a member holds Patroni's leader key (its REST API
+// answers 200 on /leader) and its server accepts writes, and returns it.
+func (p *Patroni) Leader(ctx context.Context) (*PatroniMember, error) {
+	var leader *PatroniMember
+	err := p.poll(ctx, "a leader that accepts writes", func() (bool, error) {
+		for _, m := range p.Members {
+			if ok, err := p.leads(ctx, m); ok || err != nil {
+				leader = m
+				return ok, err
+			}
+		}
+		return false, nil
+	})
+	return leader, err
+}
+
+// WaitLeader waits until m holds the leader key and its server accepts
+// writes: after a failover, until Patroni has promoted it.
+func (p *Patroni) WaitLeader(ctx context.Context, m *PatroniMember) error {
+	return p.poll(ctx, m.Name+" to lead and accept writes", func() (bool, error) { return p.leads(ctx, m) })
+}
+
+// leads reports whether m holds the leader key and accepts writes.
+func (p *Patroni) leads(ctx context.Context, m *PatroniMember) (bool, error) {
+	code, err := httpGet(ctx, "http://127.0.0.1:"+strconv.Itoa(m.apiPort)+"/leader")
+	if err != nil || code != http.StatusOK {
+		return false, nil // not yet up, or not the leader
+	}
+	var ro string
+	if err := queryRow(ctx, m.URL(), "SHOW transaction_read_only", nil, &ro); err != nil {
+		return false, nil // promoting
+	}
+	return ro == "off", nil
+}
+
+// WaitStreaming waits until leader lists standby as streaming: after a
+// failover, until Patroni has made the old leader a standby of the new
+// one. With synchronous_mode it also waits until standby is leader's
+// synchronous standby and Patroni's store says so (its REST API answers
+// 200 on /sync): until then Patroni would not fail over to it.
+func (p *Patroni) WaitStreaming(ctx context.Context, leader, standby *PatroniMember) error {
+	want := "async"
+	if p.sync {
+		want = "sync"
+	}
+	return p.poll(ctx, standby.Name+" to stream from "+leader.Name+" ("+want+")", func() (bool, error) {
+		var n int
+		err := queryRow(ctx, leader.URL(), `SELECT count(*) FROM pg_stat_replication
+WHERE application_name = $1 AND state = 'streaming' AND sync_state = $2`, []any{standby.Name, want}, &n)
+		if err != nil || n != 1 || !p.sync {
+			return n == 1, err
+		}
+		code, err := httpGet(ctx, "http://127.0.0.1:"+strconv.Itoa(standby.apiPort)+"/sync")
+		return code == http.StatusOK, err
+	})
+}
+
+// CatchUp returns once standby has replayed everything primary had
+// committed when CatchUp was called, written out or not.
+func (p *Patroni) CatchUp(ctx context.Context, primary, standby *PatroniMember) error {
+	var lsn string
+	if err := queryRow(ctx, primary.URL(), "SELECT pg_current_wal_insert_lsn()::text", nil, &lsn); err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	return p.poll(ctx, standby.Name+" to replay "+lsn, func() (bool, error) {
+		var done bool
+		err := queryRow(ctx, standby.URL(), "SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", []any{lsn}, &done)
+		return done, err
+	})
+}
+
+// CutOff cuts the standbys off from primary, as when an asynchronous
+// standby lags at the moment the primary dies: primary's pg_hba.conf
+// rejects replication connections from then on and its WAL senders are
+// ended, so whatever it commits from then on is missing on the standby.
+// Patroni writes pg_hba.conf again when it next starts that server. It
+// returns once primary has reloaded its configuration and streams to no
+// standby. With synchronous_mode, primary's commits then wait for a
+// standby that never answers.
+func (p *Patroni) CutOff(ctx context.Context, primary *PatroniMember) error {
+	hba := "local all all trust\nhost replication all 127.0.0.1/32 reject\nhost all all 127.0.0.1/32 trust\n"
+	if err := os.WriteFile(filepath.Join(primary.dataDir, "pg_hba.conf"), []byte(hba), 0o600); err != nil {
+		return fmt.Errorf("pgtest: cut off: %w", err)
+	}
+	conn, err := pgx.Connect(ctx, primary.URL())
+	if err != nil {
+		return fmt.Errorf("pgtest: cut off: %w", err)
+	}
+	defer conn.Close(context.Background())
+	var before time.Time
+	if err := conn.QueryRow(ctx, "SELECT pg_conf_load_time()").Scan(&before); err != nil {
+		return fmt.Errorf("pgtest: cut off: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+		return fmt.Errorf("pgtest: cut off: %w", err)
+	}
+	// A new session carries the postmaster's load time: once it is later,
+	// a new replication connection meets the new pg_hba.conf.
+	err = p.poll(ctx, primary.Name+" to reload its configuration", func() (bool, error) {
+		var loaded time.Time
+		err := queryRow(ctx, primary.URL(), "SELECT pg_conf_load_time()", nil, &loaded)
+		return err == nil && loaded.After(before), err
+	})
+	if err != nil {
+		return err
+	}
+	return p.poll(ctx, primary.Name+"'s WAL senders to end", func() (bool, error) {
+		var n int
+		err := conn.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_replication`).Scan(&n)
+		return err == nil && n == 0, err
+	})
+}
+
+// Kill kills m's postmaster and all its processes with SIGKILL (the
+// postmaster's ID read from postmaster.pid in its data directory), as a
+// crash of the server would; m's Patroni keeps running and reacts. It
+// returns once every process is gone.
+func (p *Patroni) Kill(m *PatroniMember) error {
+	pid, err := postmasterPID(m.dataDir)
+	if err != nil {
+		return err
+	}
+	procs := append([]int{pid}, childrenOf(pid)...)
+	for _, proc := range procs {
+		if err := syscall.Kill(proc, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("pgtest: kill %d: %w", proc, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = poll(ctx, m.Name+"'s server processes to exit", func() (bool, error) {
+		for _, proc := range procs {
+			if alive(proc) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err == nil {
+		p.logf("pgtest: %s's postgres killed (postmaster %d and %d children)", m.Name, pid, len(procs)-1)
+	}
+	return err
+}
+
+// poll is pgtest's poll, failing at once when a member's Patroni exits
+// and adding the members' logs to a timeout.
+func (p *Patroni) poll(ctx context.Context, what string, cond func() (bool, error)) error {
+	err := poll(ctx, what, func() (bool, error) {
+		for _, m := range p.Members {
+			select {
+			case <-m.exited:
+				return false, fmt.Errorf("patroni %s exited: %v", m.Name, m.cmd.ProcessState)
+			default:
+			}
+		}
+		return cond()
+	})
+	if err != nil {
+		var logs []string
+		for _, m := range p.Members {
+			logs = append(logs, m.Name+"'s patroni log:\n"+m.Log(15))
+		}
+		err = fmt.Errorf("%w\n%s", err, strings.Join(logs, "\n"))
+	}
+	return err
+}
+
+// Stop kills the Patroni processes, their servers and etcd, and removes
+// the directory. Calling Stop more than once is harmless.
+func (p *Patroni) Stop() error {
+	p.stopOnce.Do(func() {
+		for _, m := range p.Members {
+			_ = syscall.Kill(-m.cmd.Process.Pid, syscall.SIGKILL)
+			<-m.exited
+		}
+		for _, m := range p.Members {
+			if pid, err := postmasterPID(m.dataDir); err == nil && alive(pid) {
+				c := &Cluster{dir: m.dataDir, pgCtl: p.pgCtl, asUser: ownerOf(p.dir)}
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				if out, err := c.command(ctx, p.pgCtl, "-D", m.dataDir, "-m", "immediate", "stop").CombinedOutput(); err != nil {
+					p.stopErr = errors.Join(p.stopErr, fmt.Errorf("pgtest: pg_ctl stop %s: %w\n%s", m.Name, err, out))
+				}
+				cancel()
+			}
+		}
+		if p.etcd != nil {
+			p.etcd.stop()
+		}
+		if err := os.RemoveAll(p.dir); err != nil {
+			p.stopErr = errors.Join(p.stopErr, fmt.Errorf("pgtest: %w", err))
+		}
+		p.logf("pgtest: patroni pair in %s stopped", p.dir)
+		p.untrack()
+	})
+	return p.stopErr
+}
