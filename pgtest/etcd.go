@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"syscall"
-	"testing"
 	"time"
 )
 
@@ -126,31 +125,4 @@ func serverUser() (*syscall.Credential, error) {
 	uid, _ := strconv.Atoi(u.Uid)
 	gid, _ := strconv.Atoi(u.Gid)
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-}
-
-// NewPatroni starts a Patroni-managed pair for the test (StartPatroni) and
-// stops it when the test ends. When patroni or etcd is not installed it
-// skips the test, saying what to install, unless the environment variable
-// CI is set: there a missing binary fails the test, so that a CI machine
-// never passes by skipping.
-func NewPatroni(tb testing.TB, opts PatroniOptions) *Patroni {
-	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if opts.Logf == nil {
-		opts.Logf = tb.Logf
-	}
-	p, err := StartPatroni(ctx, opts)
-	if errors.Is(err, ErrNoPatroni) && os.Getenv("CI") == "" {
-		tb.Skipf("skipping: %v", err)
-	}
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		if err := p.Stop(); err != nil {
-			tb.Error(err)
-		}
-	})
-	return p
 }

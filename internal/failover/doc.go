@@ -5,6 +5,8 @@
 // asynchronous replication, with the test broker (consumertest, a source
 // that forgets what it acknowledged), the SQS source on the fauxqs
 // emulator and the Kafka source on kfake (whose offsets are stored in
-// Postgres). It has no non-test code; what the tests show is written down
-// in docs/failover.md.
+// Postgres). The tests of patroni_test.go (build tag patroni, run by make
+// test-patroni) run the same workloads on a pair managed by Patroni, which
+// promotes the standby itself. It has no non-test code; what the tests
+// show is written down in docs/failover.md.
 package failover

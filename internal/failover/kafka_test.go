@@ -127,13 +127,13 @@ func (k *kafkaRun) waitAll() {
 		k.h.mu.Lock()
 		changed := k.h.changed
 		k.h.mu.Unlock()
-		if counts := k.p.effects(k.p.r.Standby); len(counts) >= messages {
+		if counts := k.p.effects(k.p.s.standby()); len(counts) >= messages {
 			return
 		}
 		select {
 		case <-changed:
 		case <-timeout:
-			counts := k.p.effects(k.p.r.Standby)
+			counts := k.p.effects(k.p.s.standby())
 			k.t.Fatalf("after a minute %d of %d messages have an effect", len(counts), messages)
 		}
 	}
@@ -169,8 +169,14 @@ WHERE group_id = $1 AND next_offset IS NOT NULL`, k.group).Scan(&n)
 // Synchronous replication with the Kafka source: exactly one effect per
 // message, the consumer going on through the switch.
 func TestKafkaSynchronousFailover(t *testing.T) {
-	p := startPair(t, true)
+	kafkaSynchronous(t, startPair(t, true), consumer.StandbyAck{})
+}
+
+// kafkaSynchronous is TestKafkaSynchronousFailover's run on the synchronous
+// pair p, with the consumer's Config.StandbyAck set to ack.
+func kafkaSynchronous(t *testing.T, p *pair, ack consumer.StandbyAck) {
 	k := newKafkaRun(t, p)
+	k.ack = ack
 	_, r := k.start()
 	p.synchronousRun(k.h, k.g, func() {
 		k.waitAll()
@@ -198,7 +204,7 @@ func TestKafkaAsynchronousFailoverConsumesTheLostRangeAgain(t *testing.T) {
 	r = k.restart(src, r)
 	k.waitAll()
 	r.Stop(t)
-	final := p.effects(p.r.Standby)
+	final := p.effects(p.s.standby())
 
 	_, unknown, errs := k.h.counts()
 	t.Logf("N=%d (%d records): %d effects on the primary at the kill, %d on the standby once promoted (cut off after %d applied): %d lost, %d at the end; %d batches rolled back by the switch, %d messages with an unknown COMMIT outcome",
@@ -225,7 +231,7 @@ func TestKafkaAsynchronousFailoverRunningConsumer(t *testing.T) {
 	expectLoss(t, promoted, before)
 	k.waitAll()
 	r.Stop(t)
-	final := p.effects(p.r.Standby)
+	final := p.effects(p.s.standby())
 	expectEach(t, final)
 }
 
@@ -281,7 +287,7 @@ func TestKafkaAsynchronousFailoverLosesTheFirstCommits(t *testing.T) {
 			}
 			k.waitAll()
 			r.Stop(t)
-			final := p.effects(p.r.Standby)
+			final := p.effects(p.s.standby())
 			t.Logf("N=%d: %d effects on the primary at the kill, Kafka offsets committed %v, %d effects on the promoted standby, %d at the end",
 				messages, rows(before), committed, rows(promoted), rows(final))
 			if rows(promoted) != 0 {
