@@ -47,7 +47,9 @@ func startEtcd(ctx context.Context, bin, dir string, cred *syscall.Credential) (
 		"--initial-cluster", "pgtest="+peer, "--logger", "zap", "--log-level", "warn")
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
+	// Killed with the process that started it, should that die without
+	// stopping it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)
 	}

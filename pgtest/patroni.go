@@ -70,6 +70,7 @@ func StartPatroni(ctx context.Context, opts PatroniOptions) (*Patroni, error) {
 	if err != nil {
 		return nil, err
 	}
+	removeOrphanedPatroni(pgCtl, orQuiet(opts.Logf))
 	cred, err := serverUser()
 	if err != nil {
 		return nil, fmt.Errorf("pgtest: %w", err)
@@ -78,16 +79,16 @@ func StartPatroni(ctx context.Context, opts PatroniOptions) (*Patroni, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgtest: %w", err)
 	}
-	p := &Patroni{dir: dir, sync: opts.Synchronous, cred: cred, pgCtl: pgCtl, logf: opts.Logf}
-	if p.logf == nil {
-		p.logf = func(string, ...any) {}
-	}
+	p := &Patroni{dir: dir, sync: opts.Synchronous, cred: cred, pgCtl: pgCtl, logf: orQuiet(opts.Logf)}
 	p.untrack = track(p.Stop) // stopped on SIGINT or SIGTERM, even while starting
 	fail := func(err error) (*Patroni, error) {
 		p.Stop()
 		return nil, fmt.Errorf("pgtest: patroni: %w", err)
 	}
 	if err := p.mkdir(dir); err != nil {
+		return fail(err)
+	}
+	if err := writeOwner(dir); err != nil {
 		return fail(err)
 	}
 	if p.etcd, err = startEtcd(ctx, etcdBin, dir, cred); err != nil {
@@ -362,4 +363,36 @@ func (p *Patroni) Stop() error {
 		p.untrack()
 	})
 	return p.stopErr
+}
+
+// removeOrphanedPatroni stops the servers and removes the directories of
+// the pairs under os.TempDir() whose owner process died without stopping
+// them (a test binary past its -timeout): their etcd and Patroni died
+// with it (Pdeathsig, and reaper's handler, which also stops the servers,
+// save one that Patroni was starting at that moment).
+func removeOrphanedPatroni(pgCtl string, logf func(string, ...any)) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "patroni-*"))
+	for _, dir := range dirs {
+		if !orphaned(dir) {
+			continue
+		}
+		data, _ := filepath.Glob(filepath.Join(dir, "m*", "data"))
+		for _, d := range data {
+			c := &Cluster{dir: d, pgCtl: pgCtl, asUser: ownerOf(d)}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			_ = c.command(ctx, pgCtl, "-D", d, "-m", "immediate", "stop").Run() // not running: nothing to stop
+			cancel()
+		}
+		if os.RemoveAll(dir) == nil {
+			logf("pgtest: removed the Patroni pair's directory %s, whose process had died without stopping it", dir)
+		}
+	}
+}
+
+// orQuiet returns logf, or a function that drops its lines when it is nil.
+func orQuiet(logf func(string, ...any)) func(string, ...any) {
+	if logf == nil {
+		return func(string, ...any) {}
+	}
+	return logf
 }

@@ -103,7 +103,7 @@ watchdog:
 			}
 		}
 	}
-	cmd := exec.Command(interpreter(bin), "-c", reaper, bin, configFile)
+	cmd := exec.Command(interpreter(bin), "-c", reaper, p.pgCtl, m.dataDir, bin, configFile)
 	cmd.Dir = m.dir
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred, Setpgid: true}
@@ -115,16 +115,28 @@ watchdog:
 	return m, nil
 }
 
-// reaper is a Python program that runs its arguments as a child and reaps
+// reaper is a Python program that runs Patroni as its child and reaps
 // every orphaned descendant (it is their subreaper): Patroni starts the
 // postmaster detached (setsid, its parent exits), and in a container whose
 // init never reaps, a killed postmaster would stay a zombie that Patroni
-// believes alive, and never fail over. It exits with its child.
-const reaper = `import ctypes, os, sys
-ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+// believes alive, and never fail over. It exits with its child. When the
+// process that started it dies without stopping it (a test binary past
+// its -timeout), it kills Patroni and stops the server at once, so that
+// neither outlives the test. Its arguments: pg_ctl, the data directory,
+// then Patroni's command line.
+const reaper = `import ctypes, os, signal, subprocess, sys
+libc = ctypes.CDLL(None)
+libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+pg_ctl, data = sys.argv[1], sys.argv[2]
 child = os.fork()
 if child == 0:
-    os.execv(sys.argv[1], sys.argv[1:])
+    os.execv(sys.argv[3], sys.argv[3:])
+def orphaned(signum, frame):
+    os.kill(child, signal.SIGKILL)
+    subprocess.run([pg_ctl, '-D', data, '-m', 'immediate', 'stop'], capture_output=True)
+    os._exit(1)
+signal.signal(signal.SIGTERM, orphaned)
+libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
 while True:
     pid, status = os.wait()
     if pid == child:
