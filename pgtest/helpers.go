@@ -170,7 +170,7 @@ func NewBouncerPool(tb testing.TB, configure func(*pgxpool.Config)) *pgxpool.Poo
 // never passes by skipping.
 func NewPatroni(tb testing.TB, opts PatroniOptions) *Patroni {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if opts.Logf == nil {
 		opts.Logf = tb.Logf
