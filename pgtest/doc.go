@@ -40,4 +40,17 @@
 // StartBouncer runs a separate PgBouncer with explicit BouncerOptions (pool
 // mode, pool size) in front of any server, in its own temporary directory,
 // listening only on a Unix socket there.
+//
+// # Standbys and failover
+//
+// StartReplicated runs a primary and a streaming standby made with
+// pg_basebackup, which a test kills, cuts off and promotes itself.
+// StartPatroni (or NewPatroni, which skips a test when the binaries are
+// missing) runs what production runs instead: two servers managed by
+// Patroni (Debian's patroni package) with a throwaway etcd (etcd-server)
+// as its store, on free TCP ports of 127.0.0.1. A test kills the leader's
+// postgres (Patroni.Kill) and waits for Patroni to promote the standby
+// (WaitLeader) and to make the old leader, rewound with pg_rewind, a
+// standby of the new one (WaitStreaming); the application reaches
+// whichever accepts writes through the multi-host URL (Patroni.URL).
 package pgtest

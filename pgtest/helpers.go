@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -160,4 +161,31 @@ func NewBouncerPool(tb testing.TB, configure func(*pgxpool.Config)) *pgxpool.Poo
 	}
 	tb.Cleanup(pool.Close)
 	return pool
+}
+
+// NewPatroni starts a Patroni-managed pair for the test (StartPatroni) and
+// stops it when the test ends. When patroni or etcd is not installed it
+// skips the test, saying what to install, unless the environment variable
+// CI is set: there a missing binary fails the test, so that a CI machine
+// never passes by skipping.
+func NewPatroni(tb testing.TB, opts PatroniOptions) *Patroni {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if opts.Logf == nil {
+		opts.Logf = tb.Logf
+	}
+	p, err := StartPatroni(ctx, opts)
+	if errors.Is(err, ErrNoPatroni) && os.Getenv("CI") == "" {
+		tb.Skipf("skipping: %v", err)
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := p.Stop(); err != nil {
+			tb.Error(err)
+		}
+	})
+	return p
 }

@@ -94,12 +94,12 @@ func synchronousFailover(t *testing.T, held bool) {
 	before := map[string]int{}
 	if held {
 		g.hold(t)
-		before = p.effects(p.r.Primary)
+		before = p.effects(p.s.primary())
 	}
 	appliedAtKill, _, _ := h.counts()
 	promoted := p.killAndPromote(g)
 	finish(t, b, r)
-	final := p.effects(p.r.Standby)
+	final := p.effects(p.s.standby())
 
 	_, unknown, errs := h.counts()
 	atKill := "not counted"
@@ -138,7 +138,7 @@ func TestAsynchronousFailoverLosesAcknowledged(t *testing.T) {
 	cut, before := p.cutOff(h, g)
 	promoted := p.killAndPromote(g)
 	finish(t, b, r)
-	final := p.effects(p.r.Standby)
+	final := p.effects(p.s.standby())
 
 	var lost []string // committed on the primary, acknowledged, never applied again
 	for id := range before {

@@ -5,8 +5,10 @@
 // asynchronous replication, with the test broker (consumertest, a source
 // that forgets what it acknowledged), the SQS source on the fauxqs
 // emulator and the Kafka source on kfake (whose offsets are stored in
-// Postgres). Its non-test code is the tests' kit and RunKafka, which runs
-// the Kafka workload for any Kafka source (sources/kafka here,
-// sources/franz in its own module); what the tests show is written down in
-// docs/failover.md.
+// Postgres). The tests of patroni_test.go (build tag patroni, run by make
+// test-patroni) run the same workloads on a pair managed by Patroni, which
+// promotes the standby itself. Its non-test code is the tests' kit and
+// RunKafka, which runs the Kafka workload for any Kafka source
+// (sources/kafka here, sources/franz in its own module); what the tests
+// show is written down in docs/failover.md.
 package failover

@@ -38,10 +38,12 @@ const dbName = "app"
 // with the multi-host connection string an application uses.
 type pair struct {
 	t    *testing.T
-	r    *pgtest.Replicated
+	s    servers
 	pool *pgxpool.Pool
 }
 
+// startPair starts a primary and a streaming standby (pgtest), with
+// synchronous or asynchronous replication, and the test database.
 func startPair(t *testing.T, synchronous bool) *pair {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -55,7 +57,15 @@ func startPair(t *testing.T, synchronous bool) *pair {
 			t.Error(err)
 		}
 	})
-	dsn, err := r.CreateDatabase(ctx, dbName)
+	return newPair(t, replicated{r})
+}
+
+// newPair creates the test database and its effects table on s.
+func newPair(t *testing.T, s servers) *pair {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dsn, err := s.createDatabase(ctx, dbName)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,14 +77,14 @@ func startPair(t *testing.T, synchronous bool) *pair {
 	if _, err := pool.Exec(ctx, `CREATE TABLE effects (msg_id text NOT NULL)`); err != nil {
 		t.Fatal(err) // deliberately no unique constraint: a second effect must be countable
 	}
-	return &pair{t: t, r: r, pool: pool}
+	return &pair{t: t, s: s, pool: pool}
 }
 
 // reconnect replaces the pool with a new one, as a restarted process of
 // the application makes.
 func (p *pair) reconnect() {
 	p.t.Helper()
-	pool, err := pgxpool.New(context.Background(), p.r.URL(dbName))
+	pool, err := pgxpool.New(context.Background(), p.s.url(dbName))
 	if err != nil {
 		p.t.Fatal(err)
 	}
@@ -82,10 +92,10 @@ func (p *pair) reconnect() {
 	p.pool = pool
 }
 
-// on returns the URL of the test database on one server, bypassing the
-// multi-host string.
-func (p *pair) on(c *pgtest.Cluster) string {
-	u, err := url.Parse(c.URL())
+// on returns the URL of the test database on the server whose "postgres"
+// database serverURL names, bypassing the multi-host string.
+func (p *pair) on(serverURL string) string {
+	u, err := url.Parse(serverURL)
 	if err != nil {
 		p.t.Fatal(err)
 	}
@@ -93,12 +103,13 @@ func (p *pair) on(c *pgtest.Cluster) string {
 	return u.String()
 }
 
-// effects returns how many effect rows each message ID has on the server c.
-func (p *pair) effects(c *pgtest.Cluster) map[string]int {
+// effects returns how many effect rows each message ID has on the server
+// whose "postgres" database serverURL names.
+func (p *pair) effects(serverURL string) map[string]int {
 	p.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, p.on(c))
+	conn, err := pgx.Connect(ctx, p.on(serverURL))
 	if err != nil {
 		p.t.Fatal(err)
 	}
@@ -127,16 +138,18 @@ func (p *pair) effects(c *pgtest.Cluster) map[string]int {
 // from the kill on (if not before), goes on.
 func (p *pair) killAndPromote(g *gate) map[string]int {
 	p.t.Helper()
-	if err := p.r.KillPrimary(); err != nil {
+	if err := p.s.killPrimary(); err != nil {
 		p.t.Fatal(err)
 	}
 	g.arm()
+	killed := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := p.r.Promote(ctx); err != nil {
+	if err := p.s.promote(ctx); err != nil {
 		p.t.Fatal(err)
 	}
-	promoted := p.effects(p.r.Standby)
+	p.t.Logf("the standby accepts writes %v after the primary was killed", time.Since(killed).Round(time.Millisecond))
+	promoted := p.effects(p.s.standby())
 	g.release()
 	return promoted
 }
@@ -152,17 +165,17 @@ func (p *pair) cutOff(h *progress, g *gate) (cut int, before map[string]int) {
 	g.hold(p.t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := p.r.CatchUp(ctx); err != nil {
+	if err := p.s.catchUp(ctx); err != nil {
 		p.t.Fatal(err)
 	}
-	if err := p.r.StopStreaming(ctx); err != nil {
+	if err := p.s.stopStreaming(ctx); err != nil {
 		p.t.Fatal(err)
 	}
 	cut, _, _ = h.counts()
 	g.release()
 	h.waitApplied(p.t, cut+5*batchSize)
 	g.hold(p.t)
-	return cut, p.effects(p.r.Primary)
+	return cut, p.effects(p.s.primary())
 }
 
 // cutOffUnacknowledged is cutOff for a consumer with StandbyAck on, which
@@ -179,30 +192,31 @@ func (p *pair) cutOffUnacknowledged(h *progress, g *gate, concurrency int) (cut 
 	g.holdAll(p.t, concurrency)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := p.r.CatchUp(ctx); err != nil {
+	if err := p.s.catchUp(ctx); err != nil {
 		p.t.Fatal(err)
 	}
-	if err := p.r.StopStreaming(ctx); err != nil {
+	if err := p.s.stopStreaming(ctx); err != nil {
 		p.t.Fatal(err)
 	}
 	cut, _, _ = h.counts()
-	atCut := rows(p.effects(p.r.Primary))
+	atCut := rows(p.effects(p.s.primary()))
 	g.release()
-	p.waitEffects(p.r.Primary, atCut+batchSize)
+	p.waitEffects(p.s.primary(), atCut+batchSize)
 	// No handler passes from now on. (With StandbyAck, the workers may all
 	// be waiting for the standby, none at the gate.)
 	g.arm()
-	return cut, p.effects(p.r.Primary)
+	return cut, p.effects(p.s.primary())
 }
 
-// waitEffects waits until the server c holds at least n effect rows.
+// waitEffects waits until the server whose "postgres" database serverURL
+// names holds at least n effect rows.
 // Batches waiting for their standbys report nothing to wait on: the
 // server is asked every 20ms.
-func (p *pair) waitEffects(c *pgtest.Cluster, n int) {
+func (p *pair) waitEffects(serverURL string, n int) {
 	p.t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
-		got := rows(p.effects(c))
+		got := rows(p.effects(serverURL))
 		if got >= n {
 			return
 		}
@@ -214,18 +228,19 @@ func (p *pair) waitEffects(c *pgtest.Cluster, n int) {
 }
 
 // newStandby gives the server that accepts writes now (the promoted
-// standby) a standby of its own, as an HA manager does, so that a
-// consumer with StandbyAck on has its commits confirmed again.
+// standby) a standby of its own, as an HA manager does (or waits until the
+// manager has), so that a consumer with StandbyAck on has its commits
+// confirmed again.
 func (p *pair) newStandby() {
 	p.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := p.r.NewStandby(ctx, p.r.Standby)
+	stop, err := p.s.newStandby(ctx)
 	if err != nil {
 		p.t.Fatal(err)
 	}
 	p.t.Cleanup(func() {
-		if err := c.Stop(); err != nil {
+		if err := stop(); err != nil {
 			p.t.Error(err)
 		}
 	})
@@ -272,7 +287,7 @@ func (p *pair) synchronousRun(h *progress, g *gate, finish func()) {
 	appliedAtKill, _, _ := h.counts()
 	promoted := p.killAndPromote(g)
 	finish()
-	final := p.effects(p.r.Standby)
+	final := p.effects(p.s.standby())
 	_, unknown, errs := h.counts()
 	t.Logf("N=%d (%d published): %d reported applied at the kill, %d effects on the standby once promoted, %d at the end; %d batches rolled back by the switch, %d messages with an unknown COMMIT outcome",
 		messages, messages+messages/10, appliedAtKill, rows(promoted), rows(final), errs, unknown)

@@ -170,13 +170,13 @@ func (k *kafkaRun) waitAll() {
 		k.h.mu.Lock()
 		changed := k.h.changed
 		k.h.mu.Unlock()
-		if counts := k.p.effects(k.p.r.Standby); len(counts) >= messages {
+		if counts := k.p.effects(k.p.s.standby()); len(counts) >= messages {
 			return
 		}
 		select {
 		case <-changed:
 		case <-timeout:
-			counts := k.p.effects(k.p.r.Standby)
+			counts := k.p.effects(k.p.s.standby())
 			k.t.Fatalf("after a minute %d of %d messages have an effect; missing by partition: %v", len(counts), messages, missingByPartition(counts))
 		}
 	}
@@ -212,8 +212,14 @@ WHERE group_id = $1 AND next_offset IS NOT NULL`, k.group).Scan(&n)
 // Synchronous replication with the Kafka source: exactly one effect per
 // message, the consumer going on through the switch.
 func kafkaSynchronousFailover(t *testing.T, newSource NewKafkaSource) {
-	p := startPair(t, true)
+	kafkaSynchronous(t, startPair(t, true), newSource, consumer.StandbyAck{})
+}
+
+// kafkaSynchronous is the synchronous failover's run on the synchronous
+// pair p, with the consumer's Config.StandbyAck set to ack.
+func kafkaSynchronous(t *testing.T, p *pair, newSource NewKafkaSource, ack consumer.StandbyAck) {
 	k := newKafkaRun(t, p, newSource)
+	k.ack = ack
 	_, r := k.start()
 	p.synchronousRun(k.h, k.g, func() {
 		k.waitAll()
@@ -241,7 +247,7 @@ func kafkaAsynchronousFailoverConsumesTheLostRangeAgain(t *testing.T, newSource 
 	r = k.restart(src, r)
 	k.waitAll()
 	r.Stop(t)
-	final := p.effects(p.r.Standby)
+	final := p.effects(p.s.standby())
 
 	_, unknown, errs := k.h.counts()
 	t.Logf("N=%d (%d records): %d effects on the primary at the kill, %d on the standby once promoted (cut off after %d applied): %d lost, %d at the end; %d batches rolled back by the switch, %d messages with an unknown COMMIT outcome",
@@ -268,7 +274,7 @@ func kafkaAsynchronousFailoverRunningConsumer(t *testing.T, newSource NewKafkaSo
 	expectLoss(t, promoted, before)
 	k.waitAll()
 	r.Stop(t)
-	final := p.effects(p.r.Standby)
+	final := p.effects(p.s.standby())
 	expectEach(t, final)
 }
 
@@ -324,7 +330,7 @@ func kafkaAsynchronousFailoverLosesTheFirstCommits(t *testing.T, newSource NewKa
 			}
 			k.waitAll()
 			r.Stop(t)
-			final := p.effects(p.r.Standby)
+			final := p.effects(p.s.standby())
 			t.Logf("N=%d: %d effects on the primary at the kill, Kafka offsets committed %v, %d effects on the promoted standby, %d at the end",
 				messages, rows(before), committed, rows(promoted), rows(final))
 			if rows(promoted) != 0 {
@@ -357,20 +363,20 @@ func kafkaAsynchronousFailoverBehindARetry(t *testing.T, newSource NewKafkaSourc
 	k.g.hold(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := p.r.CatchUp(ctx); err != nil {
+	if err := p.s.catchUp(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.r.StopStreaming(ctx); err != nil {
+	if err := p.s.stopStreaming(ctx); err != nil {
 		t.Fatal(err)
 	}
-	atCut := p.effects(p.r.Primary)
+	atCut := p.effects(p.s.primary())
 	k.g.release()
 	// Wait for partition 0's batches to commit on the primary alone.
 	k.waitPrimary(func(effects map[string]int) bool {
 		return partitionGrew(atCut, effects, 0, 2*batchSize)
 	})
 	k.g.hold(t)
-	before := p.effects(p.r.Primary)
+	before := p.effects(p.s.primary())
 	promoted := p.killAndPromote(k.g)
 	if !partitionGrew(promoted, before, 0, batchSize) {
 		t.Fatalf("the promoted standby lacks fewer than %d of partition 0's effects: the test proves nothing", batchSize)
@@ -378,7 +384,7 @@ func kafkaAsynchronousFailoverBehindARetry(t *testing.T, newSource NewKafkaSourc
 	k.failing.Store(false)
 	k.waitAll()
 	r.Stop(t)
-	expectEach(t, p.effects(p.r.Standby))
+	expectEach(t, p.effects(p.s.standby()))
 }
 
 // waitPrimary waits until the primary's effects satisfy done, checked
@@ -390,7 +396,7 @@ func (k *kafkaRun) waitPrimary(done func(map[string]int) bool) {
 		k.h.mu.Lock()
 		changed := k.h.changed
 		k.h.mu.Unlock()
-		if done(k.p.effects(k.p.r.Primary)) {
+		if done(k.p.effects(k.p.s.primary())) {
 			return
 		}
 		select {

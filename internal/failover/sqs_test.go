@@ -140,8 +140,14 @@ func (s *sqsRun) waitDrained() {
 // Synchronous replication with the SQS source: exactly one effect per
 // message, the consumer going on through the switch.
 func TestSQSSynchronousFailover(t *testing.T) {
-	p := startPair(t, true)
+	sqsSynchronous(t, startPair(t, true), consumer.StandbyAck{})
+}
+
+// sqsSynchronous is TestSQSSynchronousFailover's run on the synchronous
+// pair p, with the consumer's Config.StandbyAck set to ack.
+func sqsSynchronous(t *testing.T, p *pair, ack consumer.StandbyAck) {
 	s := newSQSRun(t, p)
+	s.ack = ack
 	r := s.start()
 	p.synchronousRun(s.h, s.g, func() {
 		s.waitDrained()
@@ -163,7 +169,7 @@ func TestSQSAsynchronousFailoverLosesAcknowledged(t *testing.T) {
 	promoted := p.killAndPromote(s.g)
 	s.waitDrained()
 	r.Stop(t)
-	final := p.effects(p.r.Standby)
+	final := p.effects(p.s.standby())
 
 	lost := 0 // committed on the primary, acknowledged, never applied again
 	for id := range before {

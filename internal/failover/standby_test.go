@@ -31,51 +31,56 @@ const concurrency = consumer.DefaultConcurrency
 func TestSQSAsynchronousFailoverStandbyAck(t *testing.T) {
 	for _, on := range []bool{false, true} {
 		t.Run(map[bool]string{false: "off", true: "on"}[on], func(t *testing.T) {
-			p := startPair(t, false)
-			s := newSQSRun(t, p)
-			if on {
-				s.ack = standbyAck
-			}
-			r := s.start()
-
-			s.h.waitApplied(t, messages/4)
-			cut, before := p.cutOffUnacknowledged(s.h, s.g, concurrency)
-			ackedAlone, _, _ := s.h.counts()
-			ackedAlone -= cut
-			promoted := p.killAndPromote(s.g)
-			p.newStandby()
-			s.waitDrained()
-			r.Stop(t)
-			final := p.effects(p.r.Standby)
-
-			lost := 0 // committed on the primary, never applied again
-			for id := range before {
-				if final[id] == 0 {
-					lost++
-				}
-			}
-			_, unknown, errs := s.h.counts()
-			t.Logf("StandbyAck %v, N=%d (%d sent): %d effects on the primary at the kill, %d acknowledged after the cut, %d on the standby once promoted (cut off after %d applied), %d at the end: %d never applied; %d batches rolled back or handed back (%d by StandbyAck), %d acknowledged unconfirmed, %d messages with an unknown outcome",
-				on, messages, messages+messages/10, rows(before), ackedAlone, rows(promoted), cut, rows(final), lost, errs, s.h.handedBack, s.h.unconfirmed, unknown)
-			expectLoss(t, promoted, before)
-			if d := twice(final); len(d) != 0 {
-				t.Errorf("applied twice: %v", d)
-			}
-			if !on {
-				if lost == 0 || ackedAlone == 0 {
-					t.Errorf("%d messages acknowledged on the primary alone, %d lost: want a loss without StandbyAck", ackedAlone, lost)
-				}
-				return
-			}
-			if ackedAlone != 0 {
-				t.Errorf("%d messages acknowledged while the standby was cut off, want none", ackedAlone)
-			}
-			if s.h.unconfirmed != 0 || s.h.handedBack == 0 {
-				t.Errorf("%d batches acknowledged unconfirmed (want 0), %d handed back (want some)", s.h.unconfirmed, s.h.handedBack)
-			}
-			expectEach(t, final)
+			sqsAsynchronousStandbyAck(t, startPair(t, false), on)
 		})
 	}
+}
+
+// sqsAsynchronousStandbyAck is TestSQSAsynchronousFailoverStandbyAck's
+// run on the asynchronous pair p, with StandbyAck on or off.
+func sqsAsynchronousStandbyAck(t *testing.T, p *pair, on bool) {
+	s := newSQSRun(t, p)
+	if on {
+		s.ack = standbyAck
+	}
+	r := s.start()
+
+	s.h.waitApplied(t, messages/4)
+	cut, before := p.cutOffUnacknowledged(s.h, s.g, concurrency)
+	ackedAlone, _, _ := s.h.counts()
+	ackedAlone -= cut
+	promoted := p.killAndPromote(s.g)
+	p.newStandby()
+	s.waitDrained()
+	r.Stop(t)
+	final := p.effects(p.s.standby())
+
+	lost := 0 // committed on the primary, never applied again
+	for id := range before {
+		if final[id] == 0 {
+			lost++
+		}
+	}
+	_, unknown, errs := s.h.counts()
+	t.Logf("StandbyAck %v, N=%d (%d sent): %d effects on the primary at the kill, %d acknowledged after the cut, %d on the standby once promoted (cut off after %d applied), %d at the end: %d never applied; %d batches rolled back or handed back (%d by StandbyAck), %d acknowledged unconfirmed, %d messages with an unknown outcome",
+		on, messages, messages+messages/10, rows(before), ackedAlone, rows(promoted), cut, rows(final), lost, errs, s.h.handedBack, s.h.unconfirmed, unknown)
+	expectLoss(t, promoted, before)
+	if d := twice(final); len(d) != 0 {
+		t.Errorf("applied twice: %v", d)
+	}
+	if !on {
+		if lost == 0 || ackedAlone == 0 {
+			t.Errorf("%d messages acknowledged on the primary alone, %d lost: want a loss without StandbyAck", ackedAlone, lost)
+		}
+		return
+	}
+	if ackedAlone != 0 {
+		t.Errorf("%d messages acknowledged while the standby was cut off, want none", ackedAlone)
+	}
+	if s.h.unconfirmed != 0 || s.h.handedBack == 0 {
+		t.Errorf("%d batches acknowledged unconfirmed (want 0), %d handed back (want some)", s.h.unconfirmed, s.h.handedBack)
+	}
+	expectEach(t, final)
 }
 
 // The Kafka source keeps its offsets in Postgres. Off: the running
@@ -87,39 +92,44 @@ func TestSQSAsynchronousFailoverStandbyAck(t *testing.T) {
 func TestKafkaAsynchronousFailoverStandbyAck(t *testing.T) {
 	for _, on := range []bool{false, true} {
 		t.Run(map[bool]string{false: "off", true: "on"}[on], func(t *testing.T) {
-			p := startPair(t, false)
-			k := newKafkaRun(t, p, kafkaGo)
-			if on {
-				k.ack = standbyAck
-			}
-			_, r := k.start()
-
-			k.h.waitApplied(t, messages/4)
-			k.waitStored()
-			cut, before := p.cutOffUnacknowledged(k.h, k.g, min(concurrency, partitions)) // a lane per partition
-			ackedAlone, _, _ := k.h.counts()
-			ackedAlone -= cut
-			promoted := p.killAndPromote(k.g)
-			p.newStandby()
-			k.waitAll()
-			r.Stop(t)
-			final := p.effects(p.r.Standby)
-			k.h.mu.Lock()
-			fenced, handedBack, unconfirmed := k.h.fenced, k.h.handedBack, k.h.unconfirmed
-			k.h.mu.Unlock()
-			t.Logf("StandbyAck %v, N=%d (%d records): %d effects on the primary at the kill, %d acknowledged after the cut, %d on the standby once promoted (cut off after %d applied), %d at the end; %d batches fenced because the offsets went back, %d handed back by StandbyAck, %d acknowledged unconfirmed",
-				on, messages, messages+messages/10, rows(before), ackedAlone, rows(promoted), cut, rows(final), fenced, handedBack, unconfirmed)
-			expectLoss(t, promoted, before)
-			expectEach(t, final)
-			if !on {
-				if fenced == 0 {
-					t.Errorf("no batch fenced: want the offsets table found behind the consumer without StandbyAck")
-				}
-				return
-			}
-			if ackedAlone != 0 || fenced != 0 || unconfirmed != 0 {
-				t.Errorf("%d messages acknowledged while the standby was cut off, %d batches fenced, %d acknowledged unconfirmed: want none", ackedAlone, fenced, unconfirmed)
-			}
+			kafkaAsynchronousStandbyAck(t, startPair(t, false), on)
 		})
+	}
+}
+
+// kafkaAsynchronousStandbyAck is TestKafkaAsynchronousFailoverStandbyAck's
+// run on the asynchronous pair p, with StandbyAck on or off.
+func kafkaAsynchronousStandbyAck(t *testing.T, p *pair, on bool) {
+	k := newKafkaRun(t, p, kafkaGo)
+	if on {
+		k.ack = standbyAck
+	}
+	_, r := k.start()
+
+	k.h.waitApplied(t, messages/4)
+	k.waitStored()
+	cut, before := p.cutOffUnacknowledged(k.h, k.g, min(concurrency, partitions)) // a lane per partition
+	ackedAlone, _, _ := k.h.counts()
+	ackedAlone -= cut
+	promoted := p.killAndPromote(k.g)
+	p.newStandby()
+	k.waitAll()
+	r.Stop(t)
+	final := p.effects(p.s.standby())
+	k.h.mu.Lock()
+	fenced, handedBack, unconfirmed := k.h.fenced, k.h.handedBack, k.h.unconfirmed
+	k.h.mu.Unlock()
+	t.Logf("StandbyAck %v, N=%d (%d records): %d effects on the primary at the kill, %d acknowledged after the cut, %d on the standby once promoted (cut off after %d applied), %d at the end; %d batches fenced because the offsets went back, %d handed back by StandbyAck, %d acknowledged unconfirmed",
+		on, messages, messages+messages/10, rows(before), ackedAlone, rows(promoted), cut, rows(final), fenced, handedBack, unconfirmed)
+	expectLoss(t, promoted, before)
+	expectEach(t, final)
+	if !on {
+		if fenced == 0 {
+			t.Errorf("no batch fenced: want the offsets table found behind the consumer without StandbyAck")
+		}
+		return
+	}
+	if ackedAlone != 0 || fenced != 0 || unconfirmed != 0 {
+		t.Errorf("%d messages acknowledged while the standby was cut off, %d batches fenced, %d acknowledged unconfirmed: want none", ackedAlone, fenced, unconfirmed)
 	}
 }
