@@ -5,8 +5,8 @@ STATICCHECK_VERSION ?= v0.8.2
 FAUXQS    := internal/fauxqs/node_modules/.package-lock.json
 
 # PKGS are the packages of every module of the workspace (go.work): the core
-# and the modules beside it (cli, cmd/effectively, the adapters, the metrics
-# example), which ./... alone would leave out.
+# and the modules beside it (cli, cmd/effectively, the adapters, the franz-go
+# outbox sink, the metrics example), which ./... alone would leave out.
 PKGS      := $(shell $(GO) list -m -f '{{.Path}}/...')
 MODDIRS   := $(shell $(GO) list -m -f '{{.Dir}}')
 

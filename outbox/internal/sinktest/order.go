@@ -62,10 +62,13 @@ func testKeyOrderUnderFailures(t *testing.T, newSink NewSink) {
 	// Every 16th (from the 12th, up to the 200th) the broker holds for
 	// longer than the client's request timeout before appending it: the
 	// client gives up on a request that lands later all the same.
+	// A request names the topic (kafka-go) or its ID (franz-go, produce
+	// v13 and later).
+	id := fake.TopicInfo(topic).TopicID
 	var seq, cur, slept atomic.Int64
 	fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		for _, tp := range req.(*kmsg.ProduceRequest).Topics {
-			if tp.Topic == topic {
+			if tp.Topic == topic || tp.TopicID == id {
 				n := seq.Add(1)
 				cur.Store(n)
 				if n <= 200 && n%16 == 12 {
@@ -80,7 +83,7 @@ func testKeyOrderUnderFailures(t *testing.T, newSink NewSink) {
 		return nil, nil, false
 	})
 	fail := func(err *kerr.Error, rem ...int64) kfake.Fault {
-		return kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: err, Count: -1,
+		return kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: err, Count: -1, // the topic's requests only, by cur
 			When: func(kmsg.Request) bool {
 				n := cur.Load()
 				if n == 0 || n > 400 {
