@@ -6,7 +6,8 @@ FAUXQS    := internal/fauxqs/node_modules/.package-lock.json
 
 # PKGS are the packages of every module of the workspace (go.work): the core
 # and the modules beside it (cli, cmd/effectively, the adapters, the
-# franz-go source, the metrics example), which ./... alone would leave out.
+# franz-go source and outbox sink, the metrics example), which ./... alone
+# would leave out.
 PKGS      := $(shell $(GO) list -m -f '{{.Path}}/...')
 MODDIRS   := $(shell $(GO) list -m -f '{{.Dir}}')
 
@@ -22,7 +23,7 @@ test: test-race
 # those bounds.
 CHAOS     := github.com/effectively-once/effectively/internal/chaos github.com/effectively-once/effectively/sources/franz/internal/chaos
 
-# The peers benchmark (Watermill, Sarama, a hand-written kafka-go consumer)
+# The peers benchmark (Watermill, Sarama, hand-written kafka-go and franz-go consumers)
 # is a module of its own, outside the workspace, so that the library never
 # requires them; its test runs the benchmark small.
 PEERS     := bench/peers
@@ -103,7 +104,7 @@ bench-lanes:
 bench-http:
 	$(GO) run ./bench/cmd/httptable $(HTTP_FLAGS)
 
-## bench-peers: this library's Kafka pipeline beside Watermill and a hand-written kafka-go consumer, throughput and a kill -9 between commit and ack (bench/peers, its own module; a few minutes; PEERS_FLAGS e.g. -scale 0.5 -runs 5)
+## bench-peers: this library's Kafka pipeline beside Watermill and hand-written kafka-go and franz-go consumers, throughput and a kill -9 between commit and ack (bench/peers, its own module; a few minutes; PEERS_FLAGS e.g. -scale 0.5 -runs 5)
 .PHONY: bench-peers
 bench-peers:
 	cd bench/peers && GOWORK=off $(GO) run ./cmd/peerstable $(PEERS_FLAGS)

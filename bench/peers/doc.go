@@ -31,7 +31,12 @@
 //     its documentation recommends;
 //   - a hand-written kafka-go + pgx consumer: fetch, begin, insert, commit,
 //     commit the offset, one message at a time; once as teams usually write
-//     it, and once with a processed-ids table checked in the transaction.
+//     it, and once with a processed-ids table checked in the transaction;
+//   - a hand-written franz-go + pgx consumer, the fair batched version: poll
+//     up to 500 records, one transaction per batch that inserts the batch's
+//     ids into a processed-ids table and the effects of the new ones (one
+//     unnest statement each), then commit the offsets; rebalances wait for
+//     the batch in hand. Being batched, it runs N of this library's size.
 //
 // Every consumer runs in a child process of its own (the running binary
 // started again, see MaybeWorker), so that a crash is a real kill -9. A run

@@ -157,7 +157,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			continue
 		}
 		r := &Result{System: s, Throughput: workload(opts.PeerMessages)}
-		if s.Library {
+		if s.Library || s.Batched {
 			r.Throughput = workload(opts.Messages)
 		}
 		rep.Results = append(rep.Results, r)

@@ -19,6 +19,10 @@ type System struct {
 	// throughput phase, the others Options.PeerMessages, and ratios are to
 	// the fastest of them.
 	Library bool
+	// Batched marks a peer that applies a batch per transaction: it runs
+	// Options.Messages in the throughput phase, as this library's shapes
+	// do, so that it runs for a comparable time.
+	Batched bool
 	run     runFunc
 }
 
@@ -38,8 +42,12 @@ func Systems() []System {
 		System{Name: "Watermill + Deduplicator, SHA-256", run: runWatermill(middleware.NewMessageHasherSHA256(math.MaxInt64))},
 		System{Name: "kafka-go + pgx, a transaction per message", run: runKafkaGo(false)},
 		System{Name: "kafka-go + pgx, a transaction per message, processed-ids check", run: runKafkaGo(true)},
+		System{Name: FranzGoPeer, Batched: true, run: runFranzGo},
 	)
 }
+
+// FranzGoPeer is the hand-written franz-go + pgx consumer's row.
+const FranzGoPeer = "franz-go + pgx, a transaction per batch, processed-ids table"
 
 func lookup(name string) (System, bool) {
 	for _, s := range Systems() {

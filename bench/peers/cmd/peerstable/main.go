@@ -1,7 +1,7 @@
 // Command peerstable runs the ledger workload of package peers through this
-// library's Kafka pipeline, Watermill and a hand-written kafka-go consumer,
-// side by side on one kfake cluster and one PostgreSQL, and prints the
-// Markdown table BENCHMARKS.md shows:
+// library's Kafka pipeline, Watermill and hand-written kafka-go and franz-go
+// consumers, side by side on one kfake cluster and one PostgreSQL, and
+// prints the Markdown table BENCHMARKS.md shows:
 //
 //	cd bench/peers && go run ./cmd/peerstable [-scale 1] [-runs 3]
 //

@@ -1,7 +1,6 @@
-package outbox
+package sinktest
 
 import (
-	"context"
 	"crypto/rand"
 	"fmt"
 	"sync/atomic"
@@ -9,42 +8,41 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/internal/kafkatest"
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/effectively-once/effectively/outbox"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// TestKafkaSinkKeyOrderUnderFailures: hot keys whose messages are large
-// enough that one pass of a key spans many produce requests (the Writer's
-// BatchBytes is 64 KiB), two relays, and a broker that, for a while,
-// refuses some produce requests (with an error kafka-go does not retry, and
-// twice in a row with one it does, past the Writer's two attempts),
+// testKeyOrderUnderFailures: hot keys whose messages are large enough that
+// one pass of a key spans many produce requests (64 KiB each), two relays,
+// and a broker that, for a while, refuses some produce requests (with an
+// error no client retries, and twice in a row with one clients retry),
 // answers others as timed out after appending them, and holds others past
-// the client's WriteTimeout before appending them. A foreign
+// the client's request timeout before appending them. A foreign
 // read-committed reader (franz-go) must find every message, and each key's
 // first occurrences in the order they were committed.
-func TestKafkaSinkKeyOrderUnderFailures(t *testing.T) {
+func testKeyOrderUnderFailures(t *testing.T, newSink NewSink) {
 	k := kafkatest.New(t)
 	fake := k.Fake()
 	if fake == nil {
 		t.Skip("needs the in-process cluster to inject broker failures")
 	}
 	topic := kafkatest.Name("order")
-	createTopic(t, k, topic, 2, nil)
-	db, o := setup(t, Config{})
+	CreateTopic(t, k, topic, 2, nil)
+	db, o := setup(t)
 
 	const keys, perKey = 6, 150
 	value := make([]byte, 2<<10)
 	_, _ = rand.Read(value)
 	want := map[string]bool{}
-	var batch []Message
+	var batch []outbox.Message
 	for n := range perKey {
 		for kk := range keys {
 			key := fmt.Sprintf("hot-%d", kk)
 			id := fmt.Sprintf("%s-%04d", key, n)
 			want[id] = true
-			batch = append(batch, Message{Sink: "k", Key: []byte(key), Value: value, ID: id})
+			batch = append(batch, outbox.Message{Sink: "k", Key: []byte(key), Value: value, ID: id})
 		}
 		if len(batch) >= 60 {
 			emit(t, db, o, batch...)
@@ -56,17 +54,21 @@ func TestKafkaSinkKeyOrderUnderFailures(t *testing.T) {
 	}
 
 	// Number the produce requests to the topic, then fail some of the
-	// first 400: n%8 == 2 with UNKNOWN_SERVER_ERROR (not retried by
-	// kafka-go), 4 and 5 with NOT_LEADER_FOR_PARTITION (retried, so both
-	// attempts of a request fail), 7 with REQUEST_TIMED_OUT (appended all
-	// the same, then retried: a duplicate).
+	// first 400: n%8 == 2 with UNKNOWN_SERVER_ERROR (retried by no
+	// client), 4 and 5 with NOT_LEADER_FOR_PARTITION (retried, so a
+	// request's first two tries fail), 7 with REQUEST_TIMED_OUT (appended
+	// all the same, then retried: a duplicate unless the producer is
+	// idempotent).
 	// Every 16th (from the 12th, up to the 200th) the broker holds for
-	// longer than the Writer's WriteTimeout before appending it: the
+	// longer than the client's request timeout before appending it: the
 	// client gives up on a request that lands later all the same.
+	// A request names the topic (kafka-go) or its ID (franz-go, produce
+	// v13 and later).
+	id := fake.TopicInfo(topic).TopicID
 	var seq, cur, slept atomic.Int64
 	fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		for _, tp := range req.(*kmsg.ProduceRequest).Topics {
-			if tp.Topic == topic {
+			if tp.Topic == topic || tp.TopicID == id {
 				n := seq.Add(1)
 				cur.Store(n)
 				if n <= 200 && n%16 == 12 {
@@ -81,7 +83,7 @@ func TestKafkaSinkKeyOrderUnderFailures(t *testing.T) {
 		return nil, nil, false
 	})
 	fail := func(err *kerr.Error, rem ...int64) kfake.Fault {
-		return kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: err, Count: -1,
+		return kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: err, Count: -1, // the topic's requests only, by cur
 			When: func(kmsg.Request) bool {
 				n := cur.Load()
 				if n == 0 || n > 400 {
@@ -99,18 +101,8 @@ func TestKafkaSinkKeyOrderUnderFailures(t *testing.T) {
 	defer faults.Remove()
 
 	for i := range 2 {
-		w := k.Writer(topic)
-		w.Balancer = &kafkago.Hash{}
-		w.BatchBytes = 64 << 10
-		w.MaxAttempts = 2
-		w.WriteBackoffMin, w.WriteBackoffMax = time.Millisecond, 5*time.Millisecond
-		w.WriteTimeout = 200 * time.Millisecond
-		t.Cleanup(func() { _ = w.Close() })
-		sink, err := NewKafkaSink(w)
-		if err != nil {
-			t.Fatal(err)
-		}
-		startRelay(t, db, RelayConfig{Owner: fmt.Sprintf("relay-%d", i), Sinks: map[string]Sink{"k": sink}, BatchSize: 500})
+		sink := newSink(t, k, topic, Options{BatchBytes: 64 << 10, Hurried: true})
+		startRelay(t, db, outbox.RelayConfig{Owner: fmt.Sprintf("relay-%d", i), Sinks: map[string]outbox.Sink{"k": sink}, BatchSize: 500})
 	}
 	waitRows(t, db, 3*time.Minute, len(want), `SELECT count(*) FROM effectively.outbox WHERE published_at IS NOT NULL`)
 	if faults.Hits() == 0 {
@@ -118,21 +110,20 @@ func TestKafkaSinkKeyOrderUnderFailures(t *testing.T) {
 	}
 	t.Logf("%d produce requests, %d failed, %d held past the client's timeout", seq.Load(), faults.Hits(), slept.Load())
 
-	recs := readForeign(t, k, topic, want, time.Minute)
+	recs := ReadForeign(t, k, topic, want, time.Minute)
 	next := map[string]int{}
 	seen := map[string]bool{}
 	dupes := 0
 	for _, r := range recs {
-		if seen[r.id] {
+		if seen[r.ID] {
 			dupes++
 			continue
 		}
-		seen[r.id] = true
-		if due := fmt.Sprintf("%s-%04d", r.key, next[r.key]); r.id != due {
-			t.Fatalf("key %s: %s is the first occurrence read where %s was due (partition %d, offset %d)", r.key, r.id, due, r.partition, r.offset)
+		seen[r.ID] = true
+		if due := fmt.Sprintf("%s-%04d", r.Key, next[r.Key]); r.ID != due {
+			t.Fatalf("key %s: %s is the first occurrence read where %s was due (partition %d, offset %d)", r.Key, r.ID, due, r.Partition, r.Offset)
 		}
-		next[r.key]++
+		next[r.Key]++
 	}
 	t.Logf("%d records read, %d duplicates", len(recs), dupes)
-	_ = context.Background
 }
