@@ -25,12 +25,16 @@
 // Each process keeps, per slice and per scope, one filter. The filter of a
 // closed slice is sealed: Maintain (or Warm) builds it from the store once
 // no transaction can write to the slice any more, sized from the number of
-// markers it holds, at Config.FalsePositiveRate. Since it holds every
-// marker of the slice, whichever process wrote it, its negative proves the
-// slice holds no marker for the key, and the probe of that partition is
-// skipped. Its positive is always confirmed by a probe: a false positive
-// costs one index lookup, never a message. Sealed filters rotate out with
-// their partitions.
+// markers it holds, at Config.FalsePositiveRate. A seal reads every slice
+// it builds filters for in one transaction of two statements (the markers
+// per slice and scope, then the keys, streamed), so a start-up over
+// thousands of short slices (a week of one-minute slices is 10,080) costs
+// the barrier's transaction and that one, not a transaction a slice.
+// Since a sealed filter holds every marker of its slice, whichever process
+// wrote it, its negative proves the slice holds no marker for the key, and
+// the probe of that partition is skipped. Its positive is always
+// confirmed by a probe: a false positive costs one index lookup, never a
+// message. Sealed filters rotate out with their partitions.
 //
 // The current slice is different: every consumer writes to it, so no
 // process's filter of it can be complete. Its markers are found by the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/bits-and-blooms/bloom/v3"
@@ -71,24 +72,22 @@ func (s *Strategy) seal(ctx context.Context, db dedupe.DB, open bool) error {
 	}
 	need(now)
 	begin := time.Now()
-	var total int64
-	for _, t := range todo {
-		sf, n, err := s.load(ctx, db, t, true, total)
-		if err != nil {
-			return fmt.Errorf("bloom: sealing slice %s: %w", t.Format(time.RFC3339), err)
+	var cur *time.Time
+	if open {
+		c := s.sliceOf(now)
+		cur = &c
+	}
+	loaded, total, err := s.load(ctx, db, todo, cur)
+	if err != nil {
+		return fmt.Errorf("bloom: sealing: %w", err)
+	}
+	for _, sf := range loaded {
+		if !sf.sealed {
+			s.mergeOpen(sf)
+			continue
 		}
-		total += n
 		s.filters.install(sf)
 		s.stats.sealed.Add(1)
-	}
-	if open {
-		cur := s.sliceOf(now)
-		sf, n, err := s.load(ctx, db, cur, false, total)
-		if err != nil {
-			return fmt.Errorf("bloom: loading slice %s: %w", cur.Format(time.RFC3339), err)
-		}
-		total += n
-		s.mergeOpen(sf)
 	}
 	s.warm.Store(true)
 	if len(todo) > 0 || open {
@@ -98,62 +97,91 @@ func (s *Strategy) seal(ctx context.Context, db dedupe.DB, open bool) error {
 	return nil
 }
 
-// load streams the markers of one slice into a new sliceFilter. A sealed
-// slice's filters are sized from the number of markers of each scope; an
-// open slice's from ExpectedKeysPerSlice, since it keeps growing.
-func (s *Strategy) load(ctx context.Context, db dedupe.DB, start time.Time, sealed bool, done int64) (*sliceFilter, int64, error) {
-	sf := &sliceFilter{start: start, sealed: sealed, byScope: map[string]*bloom.BloomFilter{}}
+// load streams the markers of the closed slices sealed and, when open is
+// set, of the open slice it names into new sliceFilters, one a slice, in
+// one transaction of two statements however many slices there are. A
+// sealed slice's filters are sized from the number of markers of each
+// scope; an open slice's from ExpectedKeysPerSlice, since it keeps
+// growing.
+func (s *Strategy) load(ctx context.Context, db dedupe.DB, sealed []time.Time, open *time.Time) ([]*sliceFilter, int64, error) {
+	bySlice := make(map[int64]*sliceFilter, len(sealed)+1)
+	all := slices.Clone(sealed)
+	for _, t := range sealed {
+		bySlice[t.Unix()] = &sliceFilter{start: t, sealed: true, byScope: map[string]*bloom.BloomFilter{}}
+	}
+	if open != nil {
+		bySlice[open.Unix()] = &sliceFilter{start: *open, byScope: map[string]*bloom.BloomFilter{}}
+		all = append(all, *open)
+	}
+	if len(all) == 0 {
+		return nil, 0, nil
+	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if sealed {
-		rows, err := tx.Query(ctx, `SELECT scope, count(*) FROM `+s.parent+` WHERE slice = $1 GROUP BY scope`, start)
+	if len(sealed) > 0 {
+		rows, err := tx.Query(ctx, `SELECT slice, scope, count(*) FROM `+s.parent+`
+WHERE slice = ANY ($1::timestamptz[]) GROUP BY slice, scope`, sealed)
 		if err != nil {
 			return nil, 0, err
 		}
 		for rows.Next() {
+			var t time.Time
 			var scope string
 			var n int64
-			if err := rows.Scan(&scope, &n); err != nil {
+			if err := rows.Scan(&t, &scope, &n); err != nil {
 				rows.Close()
 				return nil, 0, err
 			}
-			sf.byScope[scope] = newFilter(int(n), s.cfg.FalsePositiveRate, s.k)
+			if sf := bySlice[t.Unix()]; sf != nil {
+				sf.byScope[scope] = newFilter(int(n), s.cfg.FalsePositiveRate, s.k)
+			}
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
 			return nil, 0, err
 		}
 	}
-	rows, err := tx.Query(ctx, `SELECT scope, id FROM `+s.parent+` WHERE slice = $1`, start)
+	rows, err := tx.Query(ctx, `SELECT slice, scope, id FROM `+s.parent+` WHERE slice = ANY ($1::timestamptz[])`, all)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer rows.Close()
 	var n int64
+	var t time.Time
 	for rows.Next() {
 		raw := rows.RawValues() // text in binary format is the raw UTF-8
-		f := sf.byScope[string(raw[0])]
+		if err := rows.Scan(&t, nil, nil); err != nil {
+			return nil, 0, err
+		}
+		sf := bySlice[t.Unix()]
+		if sf == nil {
+			continue
+		}
+		f := sf.byScope[string(raw[1])]
 		if f == nil {
 			// An open slice, or a marker written after the count: only
 			// possible for a slice that was not closed.
 			f = newFilter(s.cfg.ExpectedKeysPerSlice, s.cfg.FalsePositiveRate, s.k)
-			sf.byScope[string(raw[0])] = f
+			sf.byScope[string(raw[1])] = f
 		}
-		f.Add(raw[1])
+		f.Add(raw[2])
+		sf.keys++
 		n++
-		if (done+n)%progressEvery == 0 {
-			s.cfg.Logger.Info("bloom: warming filters", "table", s.cfg.Table,
-				"slice", start, "keys", done+n)
+		if n%progressEvery == 0 {
+			s.cfg.Logger.Info("bloom: warming filters", "table", s.cfg.Table, "slice", t, "keys", n)
 		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, 0, err
 	}
-	sf.keys = n
-	return sf, n, nil
+	out := make([]*sliceFilter, 0, len(all))
+	for _, t := range all {
+		out = append(out, bySlice[t.Unix()])
+	}
+	return out, n, nil
 }
 
 // mergeOpen folds a freshly loaded open filter into this process's.

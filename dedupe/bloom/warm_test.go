@@ -6,8 +6,12 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/bloom"
@@ -102,5 +106,67 @@ func TestRestartAndWarm(t *testing.T) {
 	}
 	if st.FilterBytes == 0 {
 		t.Fatal("no filter memory reported")
+	}
+}
+
+// countingDB counts the transactions run through it: every Begin, and every
+// statement run outside one.
+type countingDB struct {
+	dedupe.DB
+	n atomic.Int64
+}
+
+func (c *countingDB) Begin(ctx context.Context) (pgx.Tx, error) {
+	c.n.Add(1)
+	return c.DB.Begin(ctx)
+}
+
+func (c *countingDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	c.n.Add(1)
+	return c.DB.Exec(ctx, sql, args...)
+}
+
+func (c *countingDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	c.n.Add(1)
+	return c.DB.Query(ctx, sql, args...)
+}
+
+func (c *countingDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	c.n.Add(1)
+	return c.DB.QueryRow(ctx, sql, args...)
+}
+
+// TestWarmFewTransactions: with one-second slices and an hour of
+// retention, a start-up seals 3,600 live slices. It reads them in a few
+// transactions, not one (or more) a slice, and the filters it builds hold
+// the markers of every closed slice.
+func TestWarmFewTransactions(t *testing.T) {
+	t.Parallel()
+	cfg := bloom.Config{Slice: time.Second, Retention: time.Hour, PartitionsAhead: 10}
+	before, pool := setup(t, cfg)
+	ctx := context.Background()
+	old := keyRange("w", 0, 300)
+	expectAll(t, "before the restart", claimAll(t, before, pool, old, 100), dedupe.VerdictNew)
+	waitForNextSlice(cfg.Slice) // the old keys' slices close
+
+	after, err := bloom.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := &countingDB{DB: pool}
+	if err := after.Warm(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if n := db.n.Load(); n > 4 {
+		t.Errorf("Warm of %d live slices ran %d transactions, want at most 4", cfg.Retention/cfg.Slice, n)
+	}
+	st := after.Stats()
+	if st.Sealed < int64(cfg.Retention/cfg.Slice)-2 || st.SealedKeys != int64(len(old)) {
+		t.Fatalf("after Warm: %d slices sealed holding %d keys, want about %d slices holding %d",
+			st.Sealed, st.SealedKeys, cfg.Retention/cfg.Slice, len(old))
+	}
+	expectAll(t, "old keys after Warm", claimAll(t, after, pool, old, 100), dedupe.VerdictDuplicate)
+	if got := after.Stats().ConfirmedPositives; got != int64(len(old)) {
+		t.Fatalf("sealed filters confirmed %d old keys, want %d", got, len(old))
 	}
 }
