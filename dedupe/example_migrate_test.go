@@ -36,5 +36,6 @@ func ExampleMigrationSQL() {
 	// -- consumer:parked 001_parked
 	// -- consumer:parked 002_parked_lossless
 	// -- kafka:kafka_offsets 001_offsets
+	// -- kafka:kafka_offsets 002_high_offset
 	// -- idset:effectively.processed 001_processed
 }
