@@ -197,6 +197,7 @@ func frozenInCommit(t *testing.T, mode commitgate.Mode) {
 		if n := e.childSessions("idle in transaction"); n != 1 {
 			t.Fatalf("%d sessions of the frozen worker idle in transaction, want 1: the others waited for the frozen transaction to end", n)
 		}
+		t.Logf("the partitions the frozen worker did not lock consumed %s after the freeze", time.Since(frozenAt).Round(10*time.Millisecond))
 	}
 	e.waitEffects(80, 2*time.Minute)
 	if stall := time.Since(frozenAt); stall > bound {

@@ -127,6 +127,7 @@ func TestFrozenInCommitChild(t *testing.T) {
 // became of its batch and goes on consuming, and every message has
 // exactly one effect.
 func TestFrozenInCommit(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("waits for a visibility timeout and an idle-in-transaction timeout")
 	}
@@ -195,10 +196,12 @@ func frozenInCommit(t *testing.T, mode commitgate.Mode, ft frozenTimeouts) {
 	e.waitFor("every message", 2*time.Minute, e.drained(len(warm)+len(frozen)+len(others)))
 	// The frozen batch's messages reappear after the visibility timeout;
 	// a receive later the survivor has them, and its claim waits for the
-	// frozen transaction's markers until the server ended it.
-	bound := max(ft.visibility, ft.idleTx) + 2*frozenWait + time.Second
+	// frozen transaction's markers until the server ended it. (The slack
+	// is for a loaded machine; a transaction the server did not end would
+	// hold them for as long as the freeze lasts.)
+	bound := max(ft.visibility, ft.idleTx) + frozenWait + 5*time.Second
 	if mode == commitgate.Forward {
-		bound = ft.visibility + 2*frozenWait + time.Second
+		bound = ft.visibility + frozenWait + 5*time.Second
 	}
 	if stall := time.Since(frozenAt); stall > bound {
 		t.Errorf("every message handled %s after the freeze, more than the bound %s", stall, bound)
