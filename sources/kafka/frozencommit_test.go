@@ -232,6 +232,11 @@ func frozenInCommit(t *testing.T, mode commitgate.Mode) {
 	if rows, distinct := e.effects(); rows != 120 || distinct != 120 {
 		t.Fatalf("%d effect rows for %d distinct messages, want 120 of each", rows, distinct)
 	}
+	for p, row := range e.storedOffsets() {
+		if row[0] != 30 {
+			t.Errorf("partition %d: stored next offset %d, want 30", p, row[0])
+		}
+	}
 }
 
 var batchCommit = regexp.MustCompile(` total=(\d+)ms `)

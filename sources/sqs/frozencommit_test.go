@@ -252,18 +252,6 @@ func frozenBatch(t *testing.T, child *childtest.Child, least time.Duration) stri
 	}
 }
 
-// effectsWithPrefix counts the distinct messages with an effect whose ID
-// starts with prefix.
-func (e *e2e) effectsWithPrefix(prefix string) int {
-	e.t.Helper()
-	var n int
-	if err := e.pool.QueryRow(context.Background(),
-		`SELECT count(DISTINCT msg_id) FROM effects WHERE starts_with(msg_id, $1)`, prefix).Scan(&n); err != nil {
-		e.t.Fatal(err)
-	}
-	return n
-}
-
 // childSessions counts the frozen worker's sessions in one of states.
 func (e *e2e) childSessions(states ...string) int {
 	e.t.Helper()
