@@ -59,8 +59,8 @@
 // The same bound holds for a worker frozen in its COMMIT. If the COMMIT
 // had not reached the server, the transaction is still open and idle, the
 // server ends it IdleTxTimeout after the freeze, and the worker reads, when
-// it wakes, the server's answer that it did so (SQLSTATE 25P03): the COMMIT
-// never ran, so the batch is reported rolled back (BatchStats.Err) and
+// it wakes, the server's answer that it did so (SQLSTATE 25P03; over a Unix
+// socket its COMMIT cannot even be sent): the COMMIT never ran, so the batch is reported rolled back (BatchStats.Err) and
 // nothing of it is acknowledged; the partition's new owner has consumed its
 // records meanwhile. If the server had run the COMMIT, the locks were
 // released with it: the partition moves after SessionTimeout plus the
