@@ -46,11 +46,13 @@ func commitAfterIdleTxTimeout(t *testing.T, pool *pgxpool.Pool) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, idleSQL(100*time.Millisecond)); err != nil {
-		t.Fatal(err)
-	}
 	var pid int
 	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	// The timeout is the transaction's last statement, so that a loaded
+	// machine cannot end the session before the test waits for it.
+	if _, err := tx.Exec(ctx, idleSQL(100*time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
 	// The client reads nothing meanwhile, as a stopped process would not.
