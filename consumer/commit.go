@@ -72,10 +72,25 @@ func commitTx(ctx context.Context, tx pgx.Tx) error {
 		return &commitError{kind: commitTransient, err: fmt.Errorf("before COMMIT: %w", err)}
 	}
 	if err := tx.Commit(ctx); err != nil {
+		if pgconn.SafeToRetry(err) && !errors.Is(err, pgconn.ErrConnClosed) {
+			// Not a byte of the COMMIT went out (its write failed at
+			// once, or the context ended first): the server cannot have
+			// committed. A worker stalled past IdleTxTimeout before its
+			// COMMIT meets this when the server closed the session over
+			// a Unix socket (over TCP it reads the server's 25P03). A
+			// "conn closed" also claims to be safe to retry, but pgx
+			// returns it when the connection broke while the COMMIT's
+			// reply was read: that COMMIT may have committed.
+			return &commitError{kind: commitTransient, err: fmt.Errorf("%w: %w", errCommitNotSent, err)}
+		}
 		return classifyCommit(err)
 	}
 	return nil
 }
+
+// errCommitNotSent is the error of a batch whose COMMIT could not be sent:
+// it rolled back.
+var errCommitNotSent = errors.New("COMMIT not sent, the batch did not commit")
 
 // idleErr is the failure recorded for a handler call that returned err
 // after lasting longer than idle, when tx's connection is gone: the server

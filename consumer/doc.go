@@ -103,7 +103,15 @@
 // Config.IdleTxTimeout (10s by default), in the same round trip as its
 // BEGIN: the server ends a session idle in its transaction for longer,
 // rolls it back and releases its locks. The frozen worker's batch then
-// fails when it wakes, and its redelivery is a duplicate. A handler that
+// fails when it wakes, and its redelivery is a duplicate. A worker frozen
+// while its COMMIT was on its way to the server is ended the same way,
+// and wakes to the server's answer (SQLSTATE 25P03; over a Unix socket,
+// to a COMMIT it cannot send at all): the timeout is checked after a
+// command is read and before it runs, so that answer means the COMMIT
+// never ran. The batch is then handed back as rolled back, with no attempt
+// counted, rather than resolved like a lost COMMIT: the markers a probe
+// would find may be those of the consumer that took its messages over
+// meanwhile. A handler that
 // itself waits longer than that between two statements or after its last
 // one (on an HTTP call, say) has its batch fail, and each such failure
 // counts as an attempt of its message (of every message of the call, for a

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/effectively-once/effectively/internal/pgerr"
 )
 
 // settle is the stage after the passes: the committed outcomes are
@@ -76,6 +78,14 @@ func (c *Consumer) abandon(ctx context.Context, b *Batch, items []*item, st *Bat
 	case unknown:
 		c.log.ErrorContext(ctx, "connection lost during commit, and whether the batch committed could not be found out: its messages are not acknowledged, so the source delivers them again, and they are recognised as duplicates if it committed",
 			"lane", b.Lane, "size", len(items), "err", err)
+	case errors.As(err, &ce) && pgerr.IdleTxTimeout(ce.err):
+		c.log.WarnContext(ctx, "the server ended the batch's session before its COMMIT ran: the transaction sat idle for longer than IdleTxTimeout "+
+			"(this process was stopped or stalled), so nothing committed; its messages will be delivered again, here or by the lane's new owner",
+			"lane", b.Lane, "size", len(items), "idle_tx_timeout", c.idleTx, "err", err)
+	case errors.Is(err, errCommitNotSent):
+		c.log.WarnContext(ctx, "the batch's COMMIT could not be sent, so nothing committed (the server had closed the session: "+
+			"after IdleTxTimeout if this process was stopped or stalled); its messages will be delivered again, here or by the lane's new owner",
+			"lane", b.Lane, "size", len(items), "idle_tx_timeout", c.idleTx, "err", err)
 	case errors.Is(err, errCommitLost):
 		c.log.WarnContext(ctx, "connection lost during commit, and the batch did not commit; its messages will be delivered again",
 			"lane", b.Lane, "size", len(items), "err", err)

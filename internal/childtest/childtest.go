@@ -6,10 +6,13 @@ package childtest
 
 import (
 	"bufio"
+	"bytes"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -71,5 +74,38 @@ func (c *Child) Expect(prefix string) string {
 		case <-timeout:
 			c.t.Fatalf("timed out waiting for the child process's %q", prefix)
 		}
+	}
+}
+
+// Freeze stops the child with SIGSTOP and returns once the kernel reports
+// it stopped (state T in /proc), so that it runs no further instruction.
+// It may be called from any goroutine.
+func (c *Child) Freeze() error {
+	if err := c.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	stat := fmt.Sprintf("/proc/%d/stat", c.Cmd.Process.Pid)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		b, err := os.ReadFile(stat)
+		if err != nil {
+			return err
+		}
+		// pid (comm) state ...: the state follows the last ')'.
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'T' {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the child process did not stop: %s", b)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Thaw continues the child after Freeze (SIGCONT).
+func (c *Child) Thaw() {
+	c.t.Helper()
+	if err := c.Cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		c.t.Fatal(err)
 	}
 }

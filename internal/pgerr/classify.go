@@ -17,7 +17,8 @@ const (
 	// it may have committed.
 	Lost Kind = iota + 1
 	// Passing: the server could not take the work now (Transient,
-	// Unavailable), or two of the caller's own claims raced on one of its
+	// Unavailable, or it ended a session idle in its transaction for too
+	// long: IdleTxTimeout, which rolled the work back), or two of the caller's own claims raced on one of its
 	// own tables; the same work may succeed later.
 	Passing
 	// Refused: the server refused what the work wrote (Refused), on a table
@@ -46,7 +47,7 @@ func Classify(err error, own ...Table) Kind {
 	var pe *pgconn.PgError
 	errors.As(err, &pe) // CommitUnknown is true for any error without one
 	switch {
-	case Transient(pe.Code) || Unavailable(pe.Code):
+	case Transient(pe.Code) || Unavailable(pe.Code) || IdleTxTimeout(err):
 		return Passing
 	case RefusedCode(pe.Code):
 		for _, t := range own {

@@ -22,6 +22,7 @@ func TestClassify(t *testing.T) {
 	}{
 		{"no reply", errors.New("conn closed"), pgerr.Lost},
 		{"terminated", &pgconn.PgError{Severity: "FATAL", Code: "57P01"}, pgerr.Lost},
+		{"idle in transaction for too long: rolled back", &pgconn.PgError{Severity: "FATAL", Code: "25P03"}, pgerr.Passing},
 		{"serialization", pg("40001", "", ""), pgerr.Passing},
 		{"read only", pg("25006", "", ""), pgerr.Passing},
 		{"unique on own table: a race", pg("23505", "effectively", "idempotency_responses"), pgerr.Passing},

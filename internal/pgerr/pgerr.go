@@ -19,13 +19,33 @@ import (
 // down, crashed) leaves the outcome open. pgconn.SafeToRetry is no proof
 // that the COMMIT did not reach the server: a reply lost after the server
 // committed surfaces as "conn closed", which claims to be safe to retry.
+//
+// One FATAL error is an answer: idle_in_transaction_session_timeout
+// (IdleTxTimeout) ended the session while its transaction sat idle, waiting
+// for the client's next command. The server checks for that timeout after
+// reading a command and before running it, so a COMMIT answered by it was
+// never run: the transaction rolled back. That is what a client stalled
+// before or while sending COMMIT (a stopped process, a long pause) reads
+// when it wakes.
 func CommitUnknown(err error) bool {
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) {
 		return true
 	}
+	if IdleTxTimeout(err) {
+		return false
+	}
 	return pe.Severity == "FATAL" || pe.Severity == "PANIC" ||
 		strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57P")
+}
+
+// IdleTxTimeout reports whether err is the server ending the session
+// because its transaction sat idle for longer than
+// idle_in_transaction_session_timeout (SQLSTATE 25P03): the transaction
+// rolled back.
+func IdleTxTimeout(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "25P03"
 }
 
 // Transient reports SQLSTATEs that fail a transaction through no fault of

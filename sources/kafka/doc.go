@@ -61,6 +61,22 @@
 // applied twice. With a negative IdleTxTimeout the server's setting
 // applies, and the partition waits as long as the freeze lasts.
 //
+// The same bound holds for a worker frozen in its COMMIT. If the COMMIT
+// had not reached the server, the transaction is still open and idle, the
+// server ends it IdleTxTimeout after the freeze, and the worker reads, when
+// it wakes, the server's answer that it did so (SQLSTATE 25P03; over a Unix
+// socket its COMMIT cannot even be sent): the COMMIT never ran, so the batch is reported rolled back (BatchStats.Err) and
+// nothing of it is acknowledged; the partition's new owner has consumed its
+// records meanwhile. If the server had run the COMMIT, the locks were
+// released with it: the partition moves after SessionTimeout plus the
+// rebalance, its new owner starts after the committed batch, and the woken
+// worker reports the batch applied; the offset it then commits to Kafka
+// carries its old generation, which the coordinator refuses, and its next
+// batch is fenced. Either way each record has one effect.
+// TestFrozenInCommit stops a worker process (SIGSTOP) at its COMMIT: with
+// SessionTimeout 6s and IdleTxTimeout 15s the locked partition moved after
+// about 16s (and the others after about 6s), or 5s when the COMMIT had run.
+//
 // The next offset stored is the first offset not yet settled: a message
 // handed back for a retry holds it back, while later messages of the
 // partition go on; if the consumer stops before the retry committed, the
