@@ -31,6 +31,9 @@ func TestRelayConfigRefusals(t *testing.T) {
 	if _, err := New(Config{Sinks: []string{""}}); err == nil {
 		t.Error("an empty sink name in Config.Sinks was accepted")
 	}
+	if _, err := New(Config{Mode: 7}); err == nil || !strings.Contains(err.Error(), "Mode") {
+		t.Errorf("Config.Mode 7: got %v, want an error naming Mode", err)
+	}
 }
 
 // TestOwnNames: an outbox in a schema and table of its own, with names

@@ -77,7 +77,7 @@ func TestKafkaSinkWriterSettings(t *testing.T) {
 func checkNothingLost(t *testing.T, k *kafkatest.Cluster, topic string, sink Sink) {
 	t.Helper()
 	createTopic(t, k, topic, 2, map[string]string{"max.message.bytes": "4096"})
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	big := make([]byte, 6000)
 	_, _ = rand.Read(big) // incompressible
 	var msgs []Message
@@ -132,7 +132,7 @@ func TestKafkaSinkTopicLimitBelowBatchBytes(t *testing.T) {
 	k := kafkatest.New(t)
 	topic := kafkatest.Name("limit")
 	createTopic(t, k, topic, 1, map[string]string{"max.message.bytes": "4096"})
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	want := map[string]bool{}
 	var msgs []Message
 	for i := range 300 {

@@ -32,7 +32,7 @@ func TestKafkaSinkKeyOrderUnderFailures(t *testing.T) {
 	}
 	topic := kafkatest.Name("order")
 	createTopic(t, k, topic, 2, nil)
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 
 	const keys, perKey = 6, 150
 	value := make([]byte, 2<<10)

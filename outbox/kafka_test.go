@@ -34,7 +34,7 @@ func TestKafkaSink(t *testing.T) {
 	if _, err := NewKafkaSink(&kafkago.Writer{}); err == nil {
 		t.Fatal("a Writer without a Topic was accepted")
 	}
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	k := kafkatest.New(t)
 	ctx := context.Background()
 	topic := kafkatest.Name("outbox")
