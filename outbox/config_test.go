@@ -45,7 +45,7 @@ func TestOwnNames(t *testing.T) {
 	if _, err := New(Config{Table: strings.Repeat("t", 55)}); err == nil || !strings.Contains(err.Error(), "54 bytes") {
 		t.Fatalf("a table name PostgreSQL would cut: %v", err)
 	}
-	cfg := Config{Schema: "Pipeline Stage \"A\" of the ledger", Table: "Outbox of stage \"A\", its own one"}
+	cfg := Config{Schema: "Pipeline Stage \"A\" of the ledger", Table: "Outbox of stage \"A\", its own one", Mode: TableMode}
 	o, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -69,6 +69,7 @@ const (
 	TableMode
 )
 
+// String returns the mode's name.
 func (m Mode) String() string {
 	switch m {
 	case LogMode:
