@@ -378,6 +378,13 @@ func (s *Source) fenced(l *lane, err error) {
 		}
 		return
 	}
+	s.wentBack(l, known, found)
+}
+
+// wentBack claims l's partition again, to consume it from the offset
+// stored, after the offsets table was found to hold found, less than the
+// known l stored: the database lost commits, or a replay moved it back.
+func (s *Source) wentBack(l *lane, known, found kafka.StoredPosition) {
 	s.log.Error("franz: the offsets table went back; claiming the partition again to consume it from the stored offset",
 		"group", s.cfg.Group, "lane", l.name, "generation", l.gen, "stored", found.Next, "known", known.Next,
 		"stored_high", found.High, "known_high", known.High)
@@ -425,6 +432,7 @@ func (s *Source) commitLoop(ctx context.Context, cl *kgo.Client) {
 		s.mu.Unlock()
 		s.commitKafka(cl, lanes)
 		s.refreshEnds(ctx, cl)
+		s.verifyStored(ctx, lanes)
 	}
 }
 
@@ -527,4 +535,61 @@ func sortPartitions(tps []TopicPartition) {
 		}
 		return a.Partition - b.Partition
 	})
+}
+
+// verifyStored claims again the partitions of lanes whose offsets row holds
+// less than the lane knows it stored: the database lost commits (an
+// asynchronous failover) or a replay moved the offsets back. A lane's next
+// offset write finds that out too, but a lane with nothing more to consume
+// writes nothing, and its lost commits would wait for its next record;
+// this check, once a second, finds them within a second. What the lanes
+// know is read before the table, so a batch committing meanwhile can only
+// make the table hold more.
+func (s *Source) verifyStored(ctx context.Context, lanes []*lane) {
+	if s.store == nil {
+		return
+	}
+	type check struct {
+		l     *lane
+		known kafka.StoredPosition
+	}
+	var checks []check
+	var tps []TopicPartition
+	s.mu.Lock()
+	for _, l := range lanes {
+		if k := l.known(); l.state == laneActive && !l.fenced && (k.Next >= 0 || k.High >= 0) {
+			checks = append(checks, check{l, k})
+			tps = append(tps, l.tp)
+		}
+	}
+	s.mu.Unlock()
+	if len(checks) == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	stored, err := s.store.Positions(rctx, tps)
+	if err != nil {
+		s.log.Debug("franz: reading the stored offsets to compare them with the lanes'", "group", s.cfg.Group, "err", err)
+		return
+	}
+	for _, c := range checks {
+		found, ok := stored[c.l.tp]
+		if !ok {
+			found = kafka.NoStoredPosition
+		}
+		if !kafka.Behind(found, c.known) {
+			continue
+		}
+		s.mu.Lock()
+		still := s.lanes[c.l.tp] == c.l && c.l.state == laneActive && !c.l.fenced
+		if still {
+			c.l.fenced = true
+			s.sched.Stop(c.l.name)
+		}
+		s.mu.Unlock()
+		if still {
+			s.wentBack(c.l, c.known, found)
+		}
+	}
 }

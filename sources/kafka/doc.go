@@ -30,7 +30,8 @@
 // while a retried message holds the next offset back: a running consumer
 // whose write finds either offset lower than it stored (the database lost
 // commits) drops the batch and rejoins, consuming again from the stored
-// offset. A consumer
+// offset; a lane with nothing more to consume is checked against the table
+// once a second. A consumer
 // of an older generation (a zombie that missed a rebalance) can then no
 // longer write the row: its BeforeCommit fails with an error wrapping
 // consumer.ErrFenced, the transaction rolls back, and its batch leaves no

@@ -257,6 +257,7 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation) {
 			s.commitKafka(gen, g)
 		case <-tick.C:
 			s.commitKafka(gen, g)
+			s.verifyStored(ctx, g)
 		}
 	}
 
@@ -378,4 +379,57 @@ func (s *Source) kafkaLogger(level slog.Level) kafkago.Logger {
 	return kafkago.LoggerFunc(func(format string, args ...any) {
 		s.log.Log(context.Background(), level, "kafka-go: "+fmt.Sprintf(format, args...), "group", s.cfg.Group)
 	})
+}
+
+// verifyStored ends g when the offsets table holds less for one of its
+// lanes than the lane knows it stored: the database lost commits (an
+// asynchronous failover) or a replay moved the offsets back. A lane's next
+// offset write finds that out too, but a lane with nothing more to consume
+// writes nothing, and its lost commits would wait for its next record;
+// this check, once a second, finds them within a second. The member
+// rejoins and consumes the lanes again from the offsets stored. What the
+// lanes know is read before the table, so a batch committing meanwhile
+// can only make the table hold more.
+func (s *Source) verifyStored(ctx context.Context, g *generation) {
+	if s.store == nil {
+		return
+	}
+	type check struct {
+		l     *lane
+		known position
+	}
+	var checks []check
+	var tps []topicPartition
+	s.mu.Lock()
+	for _, l := range g.lanes {
+		if k := l.known(); l.state == laneActive && !l.fenced && (k.next >= 0 || k.high >= 0) {
+			checks = append(checks, check{l, k})
+			tps = append(tps, topicPartition{l.topic, l.partition})
+		}
+	}
+	s.mu.Unlock()
+	if len(checks) == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	stored, err := s.store.positions(rctx, tps)
+	if err != nil {
+		s.log.Debug("kafka: reading the stored offsets to compare them with the lanes'", "group", s.cfg.Group, "generation", g.id, "err", err)
+		return
+	}
+	for _, c := range checks {
+		found, ok := stored[topicPartition{c.l.topic, c.l.partition}]
+		if !ok {
+			found = noPosition
+		}
+		if !behind(found, c.known) {
+			continue
+		}
+		s.log.Error("kafka: the offsets table went back; rejoining the group to consume again from the stored offset",
+			"group", s.cfg.Group, "lane", c.l.name, "generation", g.id, "stored", found.next, "known", c.known.next,
+			"stored_high", found.high, "known_high", c.known.high)
+		g.end()
+		return
+	}
 }

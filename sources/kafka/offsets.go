@@ -27,7 +27,8 @@ type offsetStore struct {
 	table  string // raw name
 	claimSQL,
 	writeSQL,
-	readSQL string
+	readSQL,
+	positionsSQL string
 }
 
 // claimLockTimeout bounds how long a claim waits for a row lock: only a
@@ -88,6 +89,9 @@ WHERE o.generation <= EXCLUDED.generation AND COALESCE(o.next_offset, -1) >= $6
   AND COALESCE(o.high_offset, -1) >= $8
 RETURNING o.xmax = 0`,
 		readSQL: `SELECT generation, next_offset, high_offset FROM ` + t + ` WHERE group_id = $1 AND topic = $2 AND partition = $3`,
+		positionsSQL: `SELECT o.topic, o.partition, o.next_offset, o.high_offset FROM ` + t + ` AS o
+JOIN unnest($2::text[], $3::integer[]) AS u(topic, partition) USING (topic, partition)
+WHERE o.group_id = $1`,
 	}
 	return st
 }
@@ -183,6 +187,39 @@ func sortPartitions(tps []topicPartition) {
 		return tps[i].partition < tps[j].partition
 	})
 }
+
+// positions reads the stored positions of tps; a partition without a row
+// is absent.
+func (s *offsetStore) positions(ctx context.Context, tps []topicPartition) (map[topicPartition]position, error) {
+	topics := make([]string, len(tps))
+	parts := make([]int32, len(tps))
+	for i, tp := range tps {
+		topics[i], parts[i] = tp.topic, int32(tp.partition)
+	}
+	rows, err := s.db.Query(ctx, s.positionsSQL, s.group, topics, parts)
+	if err != nil {
+		return nil, s.wrap("read offsets", err)
+	}
+	defer rows.Close()
+	out := make(map[topicPartition]position, len(tps))
+	for rows.Next() {
+		var tp topicPartition
+		var p int32
+		var next, high *int64
+		if err := rows.Scan(&tp.topic, &p, &next, &high); err != nil {
+			return nil, s.wrap("read offsets", err)
+		}
+		tp.partition = int(p)
+		out[tp] = position{next: orNone(next), high: orNone(high)}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.wrap("read offsets", err)
+	}
+	return out, nil
+}
+
+// behind reports whether found holds less than known, for either offset.
+func behind(found, known position) bool { return found.next < known.next || found.high < known.high }
 
 func orNone(off *int64) int64 {
 	if off == nil {

@@ -82,6 +82,30 @@ func (s *OffsetStore) Write(ctx context.Context, tx pgx.Tx, tp TopicPartition, g
 	return s.st.write(ctx, tx, topicPartition{tp.Topic, tp.Partition}, gen, to.internal(), known.internal())
 }
 
+// Positions reads the stored positions of tps; a partition without a row
+// is absent. A source compares them with what its lanes know they stored
+// (Behind), so that a lane with nothing more to consume, whose next write
+// would find it out, still learns that the table went back.
+func (s *OffsetStore) Positions(ctx context.Context, tps []TopicPartition) (map[TopicPartition]StoredPosition, error) {
+	in := make([]topicPartition, len(tps))
+	for i, tp := range tps {
+		in[i] = topicPartition{tp.Topic, tp.Partition}
+	}
+	got, err := s.st.positions(ctx, in)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[TopicPartition]StoredPosition, len(got))
+	for tp, pos := range got {
+		out[TopicPartition{tp.topic, tp.partition}] = pos.exported()
+	}
+	return out, nil
+}
+
+// Behind reports whether found holds less than known, for either offset:
+// the table went back.
+func Behind(found, known StoredPosition) bool { return behind(found.internal(), known.internal()) }
+
 // WentBack reports whether err, from OffsetStore.Write, says that the
 // table went back: it holds found (NoStoredPosition for nothing) where the
 // writer knew it held known. The partition is then to be consumed again
