@@ -35,7 +35,6 @@ const (
 	chainIn      = "CHAIN_IN_TOPIC"  // stage A's input topic
 	chainOut     = "CHAIN_OUT_TOPIC" // the relays' Kafka topic, when the sink is Kafka
 	chainQueue   = "CHAIN_QUEUE"     // the relays' SQS queue URL, when the sink is SQS
-	chainTable   = "CHAIN_TABLE"     // set: the relays poll the table, so stage A emits in TableMode
 )
 
 // Stage A parks the inputs chainPoisonA says; stage B parks the messages
@@ -152,11 +151,7 @@ func chainConsumer(t *testing.T, ctx context.Context, db *pgxpool.Pool, src cons
 // message per input and records the input in a_effects, in one statement
 // each.
 func chainStageA(t *testing.T, ctx context.Context, db *pgxpool.Pool, counts *chainCounts) func(context.Context) error {
-	mode := LogMode
-	if os.Getenv(chainTable) != "" {
-		mode = TableMode
-	}
-	o, err := New(Config{Sinks: []string{"out"}, Mode: mode})
+	o, err := New(Config{Sinks: []string{"out"}})
 	if err != nil {
 		t.Fatal(err)
 	}
