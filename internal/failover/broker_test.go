@@ -51,7 +51,7 @@ func startBrokerConsumer(t *testing.T, p *pair, h *progress, g *gate) (*consumer
 		RetryBackoff:    20 * time.Millisecond,
 		MaxRetryBackoff: 100 * time.Millisecond,
 		Hooks:           []consumer.Hook{h},
-		Logger:          logger(),
+		Logger:          logger(t),
 	})
 	return b, consumertest.Start(c)
 }

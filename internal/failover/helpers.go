@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/url"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
-	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,15 +19,6 @@ const (
 	messages  = 3000 // logical messages, each published once, every tenth twice
 	batchSize = 50
 )
-
-// logger is the consumer's logger: quiet, unless TEST_LOG is set, since
-// every batch the switch rolls back is logged.
-func logger() *slog.Logger {
-	if l := consumertest.Logger(); l != nil {
-		return l
-	}
-	return slog.New(slog.DiscardHandler)
-}
 
 // dbName is the database every test uses on its own pair of servers.
 const dbName = "app"

@@ -114,7 +114,7 @@ func newKafkaRun(t *testing.T, p *pair, newSource NewKafkaSource) *kafkaRun {
 // of the application would.
 func (k *kafkaRun) start() (KafkaSource, *consumertest.Running) {
 	k.t.Helper()
-	src, err := k.newSource(KafkaConfig{Pool: k.p.pool, Brokers: k.kafka.Brokers(), Group: k.group, Topic: k.topic, Logger: logger()})
+	src, err := k.newSource(KafkaConfig{Pool: k.p.pool, Brokers: k.kafka.Brokers(), Group: k.group, Topic: k.topic, Logger: logger(k.t)})
 	if err != nil {
 		k.t.Fatal(err)
 	}
@@ -145,7 +145,7 @@ func (k *kafkaRun) start() (KafkaSource, *consumertest.Running) {
 		MaxAttempts:     100_000, // k-0 fails for as long as a test says
 		Hooks:           []consumer.Hook{k.h},
 		StandbyAck:      k.ack,
-		Logger:          logger(),
+		Logger:          logger(k.t),
 	})
 	return src, consumertest.Start(c)
 }

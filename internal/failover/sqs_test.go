@@ -71,7 +71,7 @@ func (s *sqsRun) start() *consumertest.Running {
 	src, err := sqs.New(context.Background(), sqs.Config{
 		Client: s.c, QueueURL: s.queue,
 		WaitTime: time.Second, VisibilityTimeout: 2 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
-		Logger: logger(),
+		Logger: logger(s.t),
 	})
 	if err != nil {
 		s.t.Fatal(err)
@@ -94,7 +94,7 @@ func (s *sqsRun) start() *consumertest.Running {
 		MaxRetryBackoff: 100 * time.Millisecond,
 		Hooks:           []consumer.Hook{s.h},
 		StandbyAck:      s.ack,
-		Logger:          logger(),
+		Logger:          logger(s.t),
 	})
 	return consumertest.Start(c)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/internal/logx"
 	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -489,9 +490,10 @@ func (s *Source) commitKafka(cl *kgo.Client, lanes []*lane) {
 		}
 	})
 	if cerr != nil {
-		s.log.Debug("franz: committing offsets to Kafka", "group", s.cfg.Group, "err", cerr)
+		s.kafkaCommits.Failed(s.log, logx.KafkaCommitFailed("franz", s.store == nil), cerr, "group", s.cfg.Group)
 		return
 	}
+	s.kafkaCommits.Succeeded()
 	s.mu.Lock()
 	for _, l := range lanes {
 		if eo, ok := offsets[l.topic][int32(l.partition)]; ok && eo.Offset > l.kafkaCommitted {

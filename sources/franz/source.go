@@ -11,6 +11,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/internal/logx"
 	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -47,6 +48,9 @@ type Source struct {
 	// sched hands out the lanes' records: one lane per claimed partition,
 	// named like the lane, whose SourceData is the *lane.
 	sched *consumer.Lanes
+
+	// kafkaCommits escalates offset commits to Kafka that keep failing.
+	kafkaCommits logx.Persisting
 
 	mu     sync.Mutex
 	lanes  map[TopicPartition]*lane // active and revoking lanes, each open in sched

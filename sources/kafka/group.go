@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/internal/logx"
 	kafkago "github.com/segmentio/kafka-go"
 )
 
@@ -357,9 +358,10 @@ func (s *Source) commitKafka(gen *kafkago.Generation, g *generation) {
 		return
 	}
 	if err := s.commitOffsets(context.Background(), gen, offsets); err != nil {
-		s.log.Debug("kafka: committing offsets to Kafka", "group", s.cfg.Group, "generation", g.id, "err", err)
+		s.kafkaCommits.Failed(s.log, logx.KafkaCommitFailed("kafka", s.store == nil), err, "group", s.cfg.Group, "generation", g.id)
 		return
 	}
+	s.kafkaCommits.Succeeded()
 	s.mu.Lock()
 	for _, l := range g.lanes {
 		for _, c := range offsets[l.topic] {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/internal/logx"
 	"github.com/jackc/pgx/v5"
 	kafkago "github.com/segmentio/kafka-go"
 )
@@ -30,6 +31,9 @@ type Source struct {
 	// coordinator (offsets with their metadata, see origin.go).
 	transport *kafkago.Transport
 	log       *slog.Logger
+
+	// kafkaCommits escalates offset commits to Kafka that keep failing.
+	kafkaCommits logx.Persisting
 
 	startOnce sync.Once
 	closeOnce sync.Once
