@@ -9,7 +9,6 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -299,6 +298,3 @@ func deleteTopic(ctx context.Context, cl *kgo.Client, topic string) {
 	req.TimeoutMillis = 10000
 	_, _ = req.RequestWith(ctx, cl)
 }
-
-// errNoRate is returned by LatencyTable when asked for nothing to measure.
-var errNoRate = errors.New("bench: no rates to measure and no search asked for")

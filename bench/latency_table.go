@@ -81,9 +81,6 @@ const searchCeiling = 2_000_000
 // log.
 func LatencyTable(ctx context.Context, url string, k *kafkatest.Cluster, opts LatencyOptions, out, log io.Writer) error {
 	opts.defaults()
-	if len(opts.Rates) == 0 && !opts.Search {
-		return errNoRate
-	}
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return err
