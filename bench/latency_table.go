@@ -198,7 +198,7 @@ func LatencyTable(ctx context.Context, url string, k *kafkatest.Cluster, opts La
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(out, "\nHighest sustained rate found by doubling then bisecting to within 10% (one run per probe); then each point measured again. p50 / p99, ms; a point above the sustained rate is marked (not sustained).")
+	fmt.Fprintln(out, "\nHighest sustained rate found by doubling then bisecting to within 10% (one run per probe); then each point measured again. Cells are p50 / p99; a point that did not sustain its rate in that measurement is marked (not sustained): near the maximum, a backlog that forms lasts, batches grow to the BatchSize and the wait before a batch dominates.")
 	fmt.Fprintln(out, "\n| shape | max sustained msgs/s | 1k msgs/s | 20k msgs/s | ½ max | max |")
 	fmt.Fprintln(out, "|---|---:|---:|---:|---:|---:|")
 	for _, s := range opts.Shapes {
