@@ -155,6 +155,7 @@ func KafkaLatency(ctx context.Context, pool *pgxpool.Pool, k *kafkatest.Cluster,
 	finished := make(chan struct{})
 	var runErr error
 	go func() { runErr = c.Run(runCtx); close(finished) }()
+	defer func() { cancel(); <-finished }() // on every return, before the source closes
 	stopped := func() error { return fmt.Errorf("the consumer stopped during the run: %v", runErr) }
 	select {
 	case <-assigned:
@@ -166,10 +167,10 @@ func KafkaLatency(ctx context.Context, pool *pgxpool.Pool, k *kafkatest.Cluster,
 		return LatencyResult{}, fmt.Errorf("bench: %d of %d partitions assigned after a minute", nAssigned.Load(), LatencyPartitions)
 	}
 
-	// Messages first to total-1 are the window's: the window is from the
-	// time the first is due to the time the one after the last would be,
-	// so that the clock, which goes by the due time in each message, and
-	// the count here agree exactly.
+	// Messages first, …, total-1 make the window, which runs from the
+	// time the first of them is due to the time the one after the last
+	// would be: the clock, which goes by the due time each message
+	// carries, and the count here agree exactly.
 	start := time.Now()
 	first := int(math.Round(opts.Warmup.Seconds() * rate))
 	total := first + max(1, int(math.Round(opts.Duration.Seconds()*rate)))
