@@ -104,6 +104,11 @@ bench-lanes:
 bench-http:
 	$(GO) run ./bench/cmd/httptable $(HTTP_FLAGS)
 
+## bench-latency: the Kafka path's end-to-end latency (scheduled send to COMMIT, open-loop producer) per handler shape: p50/p99/max at fixed rates, the highest sustained rate, and p50/p99 at 1k, 20k, half of it and it (a few minutes; LATENCY_FLAGS e.g. -duration 10s -rates 1000,20000 -runs 3)
+.PHONY: bench-latency
+bench-latency:
+	$(GO) run ./bench/cmd/latencytable -search $(LATENCY_FLAGS)
+
 ## bench-peers: this library's Kafka pipeline beside Watermill and hand-written kafka-go and franz-go consumers, throughput and a kill -9 between commit and ack (bench/peers, its own module; a few minutes; PEERS_FLAGS e.g. -scale 0.5 -runs 5)
 .PHONY: bench-peers
 bench-peers:
