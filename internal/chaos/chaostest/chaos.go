@@ -54,6 +54,18 @@ var timing = groupTiming{
 //   - the partition's new owner then claims it in Postgres, seeks and
 //     commits its first batch.
 //
+// A kill that lands during a rebalance, while the victim's JoinGroup waits
+// in the coordinator, takes the same terms in the other order: the join
+// phase completes counting the dead member in (at most RebalanceTimeout
+// after the rebalance began, which revoked the partitions it is then
+// assigned), the coordinator schedules its session expiry at that
+// completion, and SessionTimeout later the rebalance that drops it runs
+// with live members only (a heartbeat to notice, their in-flight batches,
+// the claim). So SessionTimeout + RebalanceTimeout + heartbeats bounds it
+// too. That is Kafka's rule; kfake on its own never expired such a
+// member (see package internal/chaos/broker, whose session keeper the
+// runs' broker has), and the partitions stalled until the next kill.
+//
 // The slack covers that last step and the sampler's resolution on machines
 // 2-3x slower than an idle development machine. A frozen member must not
 // lengthen any of this: its session expires like a dead one's, and its open

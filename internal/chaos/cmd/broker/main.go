@@ -1,5 +1,5 @@
-// Command broker serves a single-broker Kafka cluster (franz-go's kfake) on
-// a fixed port until it is killed, its stdin closes (with -exit-with-stdin)
+// Command broker serves a single-broker Kafka cluster (franz-go's kfake,
+// with the session rule of package internal/chaos/broker) on a fixed port until it is killed, its stdin closes (with -exit-with-stdin)
 // or it gets SIGINT or SIGTERM. Once listening it prints "ready <addr>" on
 // stdout.
 package main
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/internal/chaos"
+	"github.com/effectively-once/effectively/internal/chaos/broker"
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
@@ -24,7 +25,7 @@ func main() {
 	exitWithStdin := flag.Bool("exit-with-stdin", false, "exit when stdin reaches end of file (the parent is gone)")
 	flag.Parse()
 
-	c, err := kfake.NewCluster(
+	c, err := broker.New(os.Stderr,
 		kfake.NumBrokers(1),
 		kfake.Ports(*port),
 		kfake.GroupMinSessionTimeout(*minSession),
