@@ -1,6 +1,7 @@
 // Command broker serves a single-broker Kafka cluster (franz-go's kfake,
-// with the session rule of package internal/chaos/broker) on a fixed port until it is killed, its stdin closes (with -exit-with-stdin)
-// or it gets SIGINT or SIGTERM. Once listening it prints "ready <addr>" on
+// with the session rule of package internal/chaos/broker) on a fixed port
+// until it is killed, its stdin closes (with -exit-with-stdin) or it gets
+// SIGINT or SIGTERM. Once listening it prints "ready <addr>" on
 // stdout.
 package main
 
