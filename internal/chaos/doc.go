@@ -1,7 +1,7 @@
 // Package chaos runs a Kafka source the way production does and breaks
 // it on purpose: a broker in its own process (franz-go's kfake, cmd/broker,
 // with the session expiry of Kafka's group coordinator that kfake misses
-// for a member killed while its JoinGroup waited: package broker),
+// for a member killed while its JoinGroup waited: package kafkatest),
 // several worker processes built from the library (a consumer with the
 // idset strategy, one effect row per message: package worker, given its
 // source by a main package, cmd/worker for sources/kafka and

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	kafka "github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Settings for kafka-go clients in tests.
@@ -36,6 +38,7 @@ type Cluster struct {
 	client  *kafka.Client
 	tls     *tls.Config
 	sasl    sasl.Mechanism
+	keeper  *keeper // the in-process cluster's session keeper (see sessions.go)
 }
 
 // Start starts an in-process single-broker kfake cluster with opts, unless
@@ -51,11 +54,67 @@ func Start(opts ...kfake.Opt) (*Cluster, error) {
 		}
 		return newCluster(brokers, nil), nil
 	}
+	return StartFake(opts...)
+}
+
+// StartFake starts an in-process single-broker kfake cluster with opts,
+// with a session keeper that expires group members as Kafka does (see
+// LogSessions).
+func StartFake(opts ...kfake.Opt) (*Cluster, error) {
 	fake, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1)}, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("kafkatest: start kfake: %w", err)
 	}
-	return newCluster(fake.ListenAddrs(), fake), nil
+	c := newCluster(fake.ListenAddrs(), fake)
+	c.keeper = startKeeper(c.groupInfo, c.leaveGroup)
+	for _, key := range []kmsg.Key{kmsg.JoinGroup, kmsg.SyncGroup, kmsg.Heartbeat, kmsg.OffsetCommit} {
+		fake.ControlKey(int16(key), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			c.keeper.observe(req)
+			return nil, nil, false // observe only: kfake handles every request
+		})
+	}
+	return c, nil
+}
+
+// groupInfo reads a group's state and members from the in-process cluster.
+func (c *Cluster) groupInfo(group string) (state string, members []string, ok bool) {
+	i := c.fake.GroupInfo(group)
+	if i == nil {
+		return "", nil, false
+	}
+	for _, m := range i.Members {
+		members = append(members, m.MemberID)
+	}
+	return i.State, members, true
+}
+
+// leaveGroup removes member from group, with the helpers' TLS and SASL.
+func (c *Cluster) leaveGroup(ctx context.Context, group, member string) error {
+	resp, err := c.client.LeaveGroup(ctx, &kafka.LeaveGroupRequest{
+		GroupID: group,
+		Members: []kafka.LeaveGroupRequestMember{{ID: member}},
+	})
+	if err != nil {
+		return err
+	}
+	if resp.Error != nil {
+		return resp.Error
+	}
+	for _, m := range resp.Members {
+		if m.Error != nil {
+			return m.Error
+		}
+	}
+	return nil
+}
+
+// LogSessions makes the in-process cluster report to w the group members
+// it drops because their session expired where kfake alone would keep
+// them (see sessions.go). It does nothing to a real cluster.
+func (c *Cluster) LogSessions(w io.Writer) {
+	if c.keeper != nil {
+		c.keeper.setLog(w)
+	}
 }
 
 func newCluster(brokers []string, fake *kfake.Cluster) *Cluster {
@@ -112,6 +171,9 @@ func (c *Cluster) Fake() *kfake.Cluster { return c.fake }
 
 // Close stops the in-process cluster; it does nothing to a real one.
 func (c *Cluster) Close() {
+	if c.keeper != nil {
+		c.keeper.stop()
+	}
 	if t, ok := c.client.Transport.(*kafka.Transport); ok {
 		t.CloseIdleConnections()
 	}

@@ -3,6 +3,12 @@
 // examples, and has helpers to create topics, produce records and read a
 // group's committed offsets.
 //
+// The in-process cluster expires group members as Kafka's coordinator
+// does, which kfake alone misses for a member closed while its JoinGroup
+// waited (see sessions.go): without that, a test that closes one consumer
+// while another joins could leave a partition assigned to the closed one
+// for good.
+//
 // When the environment variable KAFKA_BROKERS is set (a comma-separated
 // list of host:port), Start uses that cluster instead, so the same tests run
 // against a real Kafka. Tests should then name their topics and groups with

@@ -63,7 +63,7 @@ var timing = groupTiming{
 // with live members only (a heartbeat to notice, their in-flight batches,
 // the claim). So SessionTimeout + RebalanceTimeout + heartbeats bounds it
 // too. That is Kafka's rule; kfake on its own never expired such a
-// member (see package internal/chaos/broker, whose session keeper the
+// member (see package internal/kafkatest, whose session keeper the
 // runs' broker has), and the partitions stalled until the next kill.
 //
 // The slack covers that last step and the sampler's resolution on machines

@@ -1,8 +1,8 @@
 // Command broker serves a single-broker Kafka cluster (franz-go's kfake,
-// with the session rule of package internal/chaos/broker) on a fixed port
-// until it is killed, its stdin closes (with -exit-with-stdin) or it gets
-// SIGINT or SIGTERM. Once listening it prints "ready <addr>" on
-// stdout.
+// with the session expiry of package internal/kafkatest, which reports the
+// members it drops on stderr) on a fixed port until it is killed, its
+// stdin closes (with -exit-with-stdin) or it gets SIGINT or SIGTERM. Once
+// listening it prints "ready <addr>" on stdout.
 package main
 
 import (
@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/internal/chaos"
-	"github.com/effectively-once/effectively/internal/chaos/broker"
+	"github.com/effectively-once/effectively/internal/kafkatest"
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
@@ -26,8 +26,7 @@ func main() {
 	exitWithStdin := flag.Bool("exit-with-stdin", false, "exit when stdin reaches end of file (the parent is gone)")
 	flag.Parse()
 
-	c, err := broker.New(os.Stderr,
-		kfake.NumBrokers(1),
+	c, err := kafkatest.StartFake(
 		kfake.Ports(*port),
 		kfake.GroupMinSessionTimeout(*minSession),
 	)
@@ -35,8 +34,9 @@ func main() {
 		fmt.Fprintln(os.Stderr, "broker:", err)
 		os.Exit(1)
 	}
+	c.LogSessions(os.Stderr)
 	w := bufio.NewWriter(os.Stdout)
-	for _, a := range c.ListenAddrs() {
+	for _, a := range c.Brokers() {
 		fmt.Fprintln(w, chaos.ReadyLine, a)
 	}
 	w.Flush()
