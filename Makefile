@@ -16,21 +16,13 @@ MODDIRS   := $(shell $(GO) list -m -f '{{.Dir}}')
 ## test: the whole suite with the race detector (starts its own PostgreSQL, Kafka and SQS peers)
 test: test-race
 
-# The Kafka chaos tests (internal/chaos for sources/kafka,
-# sources/franz/internal/chaos for sources/franz) run worker processes
-# against timing bounds derived from the group's session timeouts; they run
-# after the other packages, one at a time, so that no other load stretches
-# those bounds.
-CHAOS     := github.com/effectively-once/effectively/internal/chaos github.com/effectively-once/effectively/sources/franz/internal/chaos
-
 # The peers benchmark (Watermill, Sarama, hand-written kafka-go and franz-go consumers)
 # is a module of its own, outside the workspace, so that the library never
 # requires them; its test runs the benchmark small.
 PEERS     := bench/peers
 
 test-race: deps
-	$(GO) test -race -count=1 -timeout 30m $(filter-out $(CHAOS),$(shell $(GO) list $(PKGS)))
-	$(GO) test -race -count=1 -timeout 30m -p 1 $(CHAOS)
+	$(GO) test -race -count=1 -timeout 30m $(PKGS)
 	cd $(PEERS) && GOWORK=off $(GO) test -race -count=1 -timeout 10m ./...
 
 ## test-patroni: the failover tests under Patroni (etcd and two Patroni-managed servers; `apt-get install patroni etcd-server`): Kafka and SQS, synchronous and asynchronous replication, StandbyAck off and on, the leader's postgres killed mid-run. The tests skip, saying what to install, when patroni or etcd is missing, except where CI is set
@@ -57,6 +49,12 @@ soak: soak-kafka soak-outbox
 soak-outbox:
 	CHAIN_INPUTS=100000 $(GO) test -race -count=1 -timeout 30m -v -run '^TestChained$$' ./outbox/
 	CHAIN_KILL_INPUTS=100000 $(GO) test -count=1 -timeout 90m -v -run '^TestChainedKill$$' ./outbox/
+
+# The Kafka chaos tests: internal/chaos for sources/kafka,
+# sources/franz/internal/chaos for sources/franz. make test runs them short
+# with the other packages; soak-kafka runs them at full length, one at a
+# time.
+CHAOS     := github.com/effectively-once/effectively/internal/chaos github.com/effectively-once/effectively/sources/franz/internal/chaos
 
 ## soak-kafka: the Kafka sources' multi-process chaos run at full length, sources/kafka's then sources/franz's (120,000 messages, 12 kills, 2 freezes; see internal/chaos for the CHAOS_* variables)
 soak-kafka:
