@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -82,6 +83,12 @@ type kafkaRun struct {
 	// failing, while it holds true, fails the handler of message k-0
 	// (partition 0's first) at each attempt.
 	failing atomic.Bool
+	// wentBack counts the times the source found the offsets table behind
+	// what it knew it stored: at a batch's offset write (the batch is
+	// fenced) or at its once-a-second comparison of the stored positions
+	// with its lanes' (the generation ends, and no batch is fenced). The
+	// source reports both only in its log.
+	wentBack atomic.Int64
 }
 
 // newKafkaRun produces the workload: messages 0..N-1 with idempotency-key
@@ -114,7 +121,8 @@ func newKafkaRun(t *testing.T, p *pair, newSource NewKafkaSource) *kafkaRun {
 // of the application would.
 func (k *kafkaRun) start() (KafkaSource, *consumertest.Running) {
 	k.t.Helper()
-	src, err := k.newSource(KafkaConfig{Pool: k.p.pool, Brokers: k.kafka.Brokers(), Group: k.group, Topic: k.topic, Logger: logger(k.t)})
+	log := slog.New(&countRecords{Handler: logger(k.t).Handler(), match: "the offsets table went back", n: &k.wentBack})
+	src, err := k.newSource(KafkaConfig{Pool: k.p.pool, Brokers: k.kafka.Brokers(), Group: k.group, Topic: k.topic, Logger: log})
 	if err != nil {
 		k.t.Fatal(err)
 	}
@@ -450,4 +458,27 @@ func missingByPartition(counts map[string]int) map[int]string {
 		}
 	}
 	return out
+}
+
+// countRecords is a slog.Handler that counts in n the records whose
+// message contains match.
+type countRecords struct {
+	slog.Handler
+	match string
+	n     *atomic.Int64
+}
+
+func (c *countRecords) Handle(ctx context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, c.match) {
+		c.n.Add(1)
+	}
+	return c.Handler.Handle(ctx, r)
+}
+
+func (c *countRecords) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return &countRecords{Handler: c.Handler.WithAttrs(attrs), match: c.match, n: c.n}
+}
+
+func (c *countRecords) WithGroup(name string) slog.Handler {
+	return &countRecords{Handler: c.Handler.WithGroup(name), match: c.match, n: c.n}
 }
