@@ -60,7 +60,11 @@
 // rebalance (see Failover). When the worker wakes, its commit fails (its
 // session is gone) and its retry of the batch is fenced: nothing is
 // applied twice. With a negative IdleTxTimeout the server's setting
-// applies, and the partition waits as long as the freeze lasts.
+// applies, and the partition waits as long as the freeze lasts. A worker
+// frozen while claiming its partitions (between the claim's statement and
+// its COMMIT) holds their rows locked too: the claim's transaction sets
+// idle_in_transaction_session_timeout to 5s, whatever IdleTxTimeout is,
+// so the server ends it within the same bound.
 //
 // The same bound holds for a worker frozen in its COMMIT. If the COMMIT
 // had not reached the server, the transaction is still open and idle, the

@@ -29,6 +29,9 @@ type offsetStore struct {
 	writeSQL,
 	readSQL,
 	positionsSQL string
+	// claimIdle is the claim transaction's
+	// idle_in_transaction_session_timeout.
+	claimIdle time.Duration
 }
 
 // claimLockTimeout bounds how long a claim waits for a row lock: only a
@@ -36,10 +39,19 @@ type offsetStore struct {
 // rows locked by a batch transaction are skipped and claimed again later.
 const claimLockTimeout = time.Second
 
+// claimIdleTimeout is the claim transaction's
+// idle_in_transaction_session_timeout: a member frozen between the claim's
+// statement and its COMMIT holds the rows it claimed locked, and the other
+// members report them busy, until the server ends its session. It is below
+// consumer.Config.IdleTxTimeout's default, so that the bound on a stall
+// behind a frozen member (see the package doc) holds for a freeze in a
+// claim too.
+const claimIdleTimeout = 5 * time.Second
+
 func newOffsetStore(db dedupe.DB, group, schema, table string) *offsetStore {
 	t := pgx.Identifier{schema, table}.Sanitize()
 	st := &offsetStore{
-		db: db, group: group, schema: schema, table: table,
+		db: db, group: group, schema: schema, table: table, claimIdle: claimIdleTimeout,
 		// Claiming a partition on assignment raises the row's generation, so
 		// a member of an older generation can no longer write it. A row
 		// locked by a transaction in progress (a batch of an older
@@ -128,7 +140,9 @@ func (s *offsetStore) claim(ctx context.Context, gen int32, tps []topicPartition
 		return nil, nil, s.wrap("claim partitions", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = "+strconv.FormatInt(claimLockTimeout.Milliseconds(), 10)); err != nil {
+	// Transaction-local, so that they hold through a transaction pooler.
+	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)`,
+		strconv.FormatInt(claimLockTimeout.Milliseconds(), 10), strconv.FormatInt(s.claimIdle.Milliseconds(), 10)); err != nil {
 		return nil, nil, s.wrap("claim partitions", err)
 	}
 	rows, err := tx.Query(ctx, s.claimSQL, s.group, topics, parts, gen)
