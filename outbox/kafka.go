@@ -3,6 +3,7 @@ package outbox
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -115,7 +116,8 @@ var _ Sink = (*KafkaSink)(nil)
 // whose metadata lags. When the broker lists the topic, the sink resets the
 // Transport's cache (CloseIdleConnections, which also closes its idle
 // connections; a Transport shared with other clients shares the reset) and
-// sends again.
+// sends again. A Transport whose MetadataTopics leaves out the Topic is
+// refused.
 //
 // Async and Completion are refused: the sink reports each message's
 // outcome to the relay as the broker acknowledges it, and would never call
@@ -138,6 +140,10 @@ func NewKafkaSink(w *kafkago.Writer) (*KafkaSink, error) {
 			"and a message it refuses would be marked published and lost: set RequiredAcks: kafka.RequireAll")
 	case w.RequiredAcks != kafkago.RequireOne && w.RequiredAcks != kafkago.RequireAll:
 		return nil, fmt.Errorf(prefix+"the Writer's RequiredAcks is %d: use kafka.RequireAll (or kafka.RequireOne)", int(w.RequiredAcks))
+	}
+	if t, ok := w.Transport.(*kafkago.Transport); ok && len(t.MetadataTopics) > 0 && !slices.Contains(t.MetadataTopics, w.Topic) {
+		return nil, fmt.Errorf(prefix+"the Writer's Transport caches the metadata of %v only (MetadataTopics), not of its Topic %q, "+
+			"so it could never route a message to it: add the Topic, or leave MetadataTopics empty", t.MetadataTopics, w.Topic)
 	}
 	switch w.Balancer.(type) {
 	case nil, *kafkago.RoundRobin, *kafkago.LeastBytes:
