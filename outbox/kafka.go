@@ -3,6 +3,8 @@ package outbox
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -69,6 +71,10 @@ type KafkaSink struct {
 	backoffMin  time.Duration
 	backoffMax  time.Duration
 	readTimeout time.Duration
+	logger      kafkago.Logger // the Writer's Logger; nil logs nothing
+
+	metaMu  sync.Mutex    // one recheckTopic at a time
+	metaGen atomic.Uint64 // how often recheckTopic reset the Transport's cache
 }
 
 var _ Sink = (*KafkaSink)(nil)
@@ -100,6 +106,18 @@ var _ Sink = (*KafkaSink)(nil)
 //     the relay tries its messages again later, with its own backoff.
 //   - WriteTimeout, ReadTimeout: the time a produce request and a metadata
 //     request may take (default 10 s each).
+//   - Logger: where the sink says it found the Transport's cached metadata
+//     stale (nil, kafka-go's default, logs nothing).
+//
+// An unknown topic is refused for good (the relay parks the message) only
+// when the broker, asked afresh, does not list it: not on the word of the
+// Transport's cached metadata (kafka-go refreshes it every MetadataTTL),
+// which does not know a topic created after it was read, nor on a broker
+// whose metadata lags. When the broker lists the topic, the sink resets the
+// Transport's cache (CloseIdleConnections, which also closes its idle
+// connections; a Transport shared with other clients shares the reset) and
+// sends again. A Transport whose MetadataTopics leaves out the Topic is
+// refused.
 //
 // Async and Completion are refused: the sink reports each message's
 // outcome to the relay as the broker acknowledges it, and would never call
@@ -123,6 +141,10 @@ func NewKafkaSink(w *kafkago.Writer) (*KafkaSink, error) {
 	case w.RequiredAcks != kafkago.RequireOne && w.RequiredAcks != kafkago.RequireAll:
 		return nil, fmt.Errorf(prefix+"the Writer's RequiredAcks is %d: use kafka.RequireAll (or kafka.RequireOne)", int(w.RequiredAcks))
 	}
+	if t, ok := w.Transport.(*kafkago.Transport); ok && len(t.MetadataTopics) > 0 && !slices.Contains(t.MetadataTopics, w.Topic) {
+		return nil, fmt.Errorf(prefix+"the Writer's Transport caches the metadata of %v only (MetadataTopics), not of its Topic %q, "+
+			"so it could never route a message to it: add the Topic, or leave MetadataTopics empty", t.MetadataTopics, w.Topic)
+	}
 	switch w.Balancer.(type) {
 	case nil, *kafkago.RoundRobin, *kafkago.LeastBytes:
 		return nil, fmt.Errorf(prefix+"the Writer's Balancer (%s) spreads one key over several partitions, which reorders the key: "+
@@ -140,6 +162,7 @@ func NewKafkaSink(w *kafkago.Writer) (*KafkaSink, error) {
 		backoffMin:  orDefault(w.WriteBackoffMin, kafkaDefaultBackoffMin),
 		backoffMax:  orDefault(w.WriteBackoffMax, kafkaDefaultBackoffMax),
 		readTimeout: orDefault(w.ReadTimeout, kafkaDefaultTimeout),
+		logger:      w.Logger,
 	}
 	if s.maxMsgs <= 0 {
 		s.maxMsgs = kafkaDefaultBatchSize
@@ -171,8 +194,14 @@ func balancerName(b kafkago.Balancer) string {
 }
 
 // classifyKafka marks the broker's refusals that a retry cannot change.
-// An unknown topic counts as one: a sink names a topic that should exist,
-// and a message parked while it did not is redriven once it does.
+//
+// An unknown topic is not among them here, since it may be only the
+// Transport's cached metadata, read before the topic was created, or a
+// broker whose metadata lags: recheckTopic asks the broker afresh, and a
+// topic it does not list is refused for good there (Permanent), so that
+// the relay parks the message. A sink names a topic that should exist, and
+// a message parked while it did not is redriven once it does; a message
+// whose topic exists is never parked for an unknown topic.
 func classifyKafka(err error) error {
 	if err == nil || IsPermanent(err) {
 		return err
@@ -185,8 +214,7 @@ func classifyKafka(err error) error {
 	if errors.As(err, &ke) {
 		switch ke {
 		case kafkago.MessageSizeTooLarge, kafkago.RecordListTooLarge, kafkago.InvalidTopic,
-			kafkago.TopicAuthorizationFailed, kafkago.InvalidRecord,
-			kafkago.UnknownTopicOrPartition:
+			kafkago.TopicAuthorizationFailed, kafkago.InvalidRecord:
 			return Permanent(err)
 		}
 	}

@@ -36,6 +36,8 @@ func TestKafkaSinkWriterSettings(t *testing.T) {
 		{"LeastBytes", func(w *kafkago.Writer) { w.Balancer = &kafkago.LeastBytes{} }, "Balancer"},
 		{"no Topic", func(w *kafkago.Writer) { w.Topic = "" }, "Topic"},
 		{"no Addr", func(w *kafkago.Writer) { w.Addr = nil }, "Addr"},
+		{"MetadataTopics without the Topic", func(w *kafkago.Writer) { w.Transport.(*kafkago.Transport).MetadataTopics = []string{"other"} }, "MetadataTopics"},
+		{"MetadataTopics with the Topic", func(w *kafkago.Writer) { w.Transport.(*kafkago.Transport).MetadataTopics = []string{"other", w.Topic} }, ""},
 		{"RequireAll", func(w *kafkago.Writer) {}, ""},
 		{"RequireOne", func(w *kafkago.Writer) { w.RequiredAcks = kafkago.RequireOne }, ""},
 		{"small requests", func(w *kafkago.Writer) { w.BatchSize, w.BatchBytes = 3, 2500 }, ""},

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
-	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
 )
 
 // How KafkaSink cuts a Publish into produce requests and sends them: per
@@ -22,7 +21,15 @@ func (s *KafkaSink) Publish(ctx context.Context, msgs []Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
+	gen := s.metaGen.Load()
 	n, err := s.partitions(ctx)
+	if err != nil && unknownTopic(err) {
+		// The Transport's cached metadata may predate the topic: ask the
+		// broker, and ask again once the cache is reset.
+		if err = s.recheckTopic(ctx, gen, err); err == nil {
+			n, err = s.partitions(ctx)
+		}
+	}
 	if err != nil {
 		return classifyKafka(err)
 	}
@@ -184,6 +191,7 @@ func (s *KafkaSink) produce(ctx context.Context, p int, out []outMsg, req []int)
 			case <-t.C:
 			}
 		}
+		gen := s.metaGen.Load()
 		var res *kafkago.ProduceResponse
 		res, err = s.client.Produce(ctx, &kafkago.ProduceRequest{
 			Topic: s.topic, Partition: p, RequiredAcks: s.acks, Compression: s.compression,
@@ -198,6 +206,15 @@ func (s *KafkaSink) produce(ctx context.Context, p int, out []outMsg, req []int)
 		}
 		if err == nil {
 			return nil
+		}
+		if unknownTopic(err) {
+			// Unknown to the Transport's cache or to the broker that
+			// answered: only fresh metadata that does not list the topic
+			// makes it permanent. Otherwise the request, not appended, is
+			// tried again in place.
+			if cerr := s.recheckTopic(ctx, gen, err); IsPermanent(cerr) {
+				return cerr
+			}
 		}
 		err = classifyKafka(err)
 		if IsPermanent(err) || tooLarge(err) || ctx.Err() != nil || !retriable(err) {
@@ -224,33 +241,6 @@ func kafkaBackoff(minD, maxD time.Duration, attempt int) time.Duration {
 		d *= 2
 	}
 	return min(d, maxD)
-}
-
-// partitions returns how many partitions the topic has, from the
-// Transport's metadata (which caches it).
-func (s *KafkaSink) partitions(ctx context.Context) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.readTimeout)
-	defer cancel()
-	var rt kafkago.RoundTripper = kafkago.DefaultTransport
-	if s.client.Transport != nil {
-		rt = s.client.Transport
-	}
-	r, err := rt.RoundTrip(ctx, s.client.Addr, &metadataAPI.Request{TopicNames: []string{s.topic}, AllowAutoTopicCreation: s.autoCreate})
-	if err != nil {
-		return 0, fmt.Errorf("outbox: metadata of %s: %w", s.topic, err)
-	}
-	for _, t := range r.(*metadataAPI.Response).Topics {
-		if t.Name == s.topic {
-			if t.ErrorCode != 0 {
-				return 0, fmt.Errorf("outbox: metadata of %s: %w", s.topic, kafkago.Error(t.ErrorCode))
-			}
-			if len(t.Partitions) == 0 {
-				return 0, fmt.Errorf("outbox: metadata of %s: %w", s.topic, kafkago.LeaderNotAvailable)
-			}
-			return len(t.Partitions), nil
-		}
-	}
-	return 0, fmt.Errorf("outbox: metadata of %s: %w", s.topic, kafkago.UnknownTopicOrPartition)
 }
 
 // outRecords reads the messages at idx as the records of one request.

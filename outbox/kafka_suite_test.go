@@ -13,7 +13,8 @@ import (
 // newKafkaSink is the suite's constructor for KafkaSink: a kafka-go Writer
 // with a key-hashing Balancer and RequireAll (kafkatest's Writer), and,
 // hurried, two attempts a request of at most 200 ms each, a few
-// milliseconds apart.
+// milliseconds apart; with a long metadata age, a Transport whose
+// MetadataTTL is an hour.
 func newKafkaSink(t *testing.T, k *kafkatest.Cluster, topic string, opts sinktest.Options) outbox.Sink {
 	t.Helper()
 	w := k.Writer(topic)
@@ -25,6 +26,9 @@ func newKafkaSink(t *testing.T, k *kafkatest.Cluster, topic string, opts sinktes
 		w.MaxAttempts = 2
 		w.WriteBackoffMin, w.WriteBackoffMax = time.Millisecond, 5*time.Millisecond
 		w.WriteTimeout = 200 * time.Millisecond
+	}
+	if opts.LongMetadataAge {
+		w.Transport.(*kafkago.Transport).MetadataTTL = time.Hour
 	}
 	t.Cleanup(func() { _ = w.Close() })
 	s, err := outbox.NewKafkaSink(w)

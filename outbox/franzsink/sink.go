@@ -139,7 +139,11 @@ func (s *Sink) Close() { s.cl.Close() }
 // classify marks the broker's refusals that a retry cannot change, as
 // outbox.KafkaSink does. An unknown topic counts as one: a sink names a
 // topic that should exist, and a message parked while it did not is
-// redriven once it does.
+// redriven once it does. Unlike kafka-go's Transport, kgo never answers
+// "unknown topic" from a cache: it reads metadata again for a topic it
+// does not know, and fails records with UNKNOWN_TOPIC_OR_PARTITION only
+// after more than kgo.UnknownTopicRetries such answers in a row (see
+// sinktest's TopicCreatedLater and UnknownTopicFromBroker).
 func classify(err error) error {
 	if err == nil || outbox.IsPermanent(err) {
 		return err

@@ -17,7 +17,8 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // newSink is the suite's constructor: kgo's defaults (the idempotent
 // producer), the record batch bounded as asked, and, hurried, a produce
-// request given up on after about 200 ms and retried a millisecond later.
+// request given up on after about 200 ms and retried a millisecond later;
+// with a long metadata age, kgo.MetadataMaxAge of an hour.
 func newSink(t *testing.T, k *kafkatest.Cluster, topic string, o sinktest.Options) outbox.Sink {
 	t.Helper()
 	opts := []kgo.Opt{kgo.SeedBrokers(k.Brokers()...)}
@@ -27,6 +28,9 @@ func newSink(t *testing.T, k *kafkatest.Cluster, topic string, o sinktest.Option
 	if o.Hurried {
 		opts = append(opts, kgo.ProduceRequestTimeout(100*time.Millisecond), kgo.RequestTimeoutOverhead(100*time.Millisecond),
 			kgo.RetryBackoffFn(func(int) time.Duration { return time.Millisecond }), kgo.MetadataMinAge(10*time.Millisecond))
+	}
+	if o.LongMetadataAge {
+		opts = append(opts, kgo.MetadataMaxAge(time.Hour))
 	}
 	return open(t, topic, opts...)
 }

@@ -15,7 +15,10 @@
 //   - a topic whose max.message.bytes is below the sink's request size
 //     costs no message;
 //   - each key's first occurrences in the topic follow commit order while
-//     the broker refuses, times out and holds produce requests.
+//     the broker refuses, times out and holds produce requests;
+//   - a topic is unknown only when the broker says so: a topic created
+//     after the client read the cluster's metadata, or one a broker calls
+//     unknown for a moment while it exists, costs no message.
 //
 // CheckNothingLost is exported on its own for a sink's table of client
 // settings it accepts.

@@ -25,6 +25,11 @@ type Options struct {
 	// its own settings (kafka-go: two attempts; franz-go: its idempotent
 	// producer's retries).
 	Hurried bool
+	// LongMetadataAge asks for a client that keeps the cluster's metadata
+	// for an hour unless it decides on its own to read it again (kafka-go:
+	// Transport.MetadataTTL; franz-go: kgo.MetadataMaxAge), so that what it
+	// read before a topic was created is still what it holds after.
+	LongMetadataAge bool
 }
 
 // NewSink returns a sink writing to topic on k, and closes what it opened
@@ -41,6 +46,8 @@ func Run(t *testing.T, newSink NewSink) {
 	})
 	t.Run("TopicLimitBelowBatchBytes", func(t *testing.T) { CheckTopicLimit(t, newSink) })
 	t.Run("KeyOrderUnderFailures", func(t *testing.T) { testKeyOrderUnderFailures(t, newSink) })
+	t.Run("TopicCreatedLater", func(t *testing.T) { testTopicCreatedLater(t, newSink) })
+	t.Run("UnknownTopicFromBroker", func(t *testing.T) { testUnknownTopicFromBroker(t, newSink) })
 }
 
 // refusedFor reports whether a park reason names what, whatever the
