@@ -106,6 +106,9 @@ CREATE TABLE b_effects (serial bigserial, input text, account text, msg_id text)
 		}
 	}
 	env := []string{chainDB + "=" + url, chainBrokers + "=" + strings.Join(k.Brokers(), ","), chainIn + "=" + in, chainOut + "=" + out}
+	if !run.log {
+		env = append(env, chainTable+"=1") // stage A emits for the table-polling relay
+	}
 	if run.sqs {
 		c := fauxqs.Client(t)
 		name := "chain"
