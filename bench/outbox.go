@@ -30,12 +30,13 @@ import (
 const OutboxSink = "bench"
 
 // SetupOutbox creates the tables of Setup and the outbox's, and returns
-// the outbox.
+// the outbox, in TableMode: what the table-polling relay reads (and the
+// log relay too).
 func SetupOutbox(ctx context.Context, pool *pgxpool.Pool) (*outbox.Outbox, error) {
 	if err := Setup(ctx, pool); err != nil {
 		return nil, err
 	}
-	ob, err := outbox.New(outbox.Config{Sinks: []string{OutboxSink}})
+	ob, err := OutboxMode(outbox.TableMode)
 	if err != nil {
 		return nil, err
 	}
@@ -43,6 +44,11 @@ func SetupOutbox(ctx context.Context, pool *pgxpool.Pool) (*outbox.Outbox, error
 		return nil, err
 	}
 	return ob, ResetOutbox(ctx, pool)
+}
+
+// OutboxMode returns an Outbox of mode on the tables SetupOutbox made.
+func OutboxMode(mode outbox.Mode) (*outbox.Outbox, error) {
+	return outbox.New(outbox.Config{Sinks: []string{OutboxSink}, Mode: mode})
 }
 
 // ResetOutbox empties the tables of Reset and the outbox's.
@@ -91,23 +97,52 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`, ids, accounts, amou
 				}
 				return ob.Emit(ctx, tx, out...)
 			}}
-		c, err := consumer.New(pool, broker, cfg)
-		if err != nil {
-			return 0, err
-		}
-		elapsed, err := runUntilIdle(ctx, c, broker)
-		if err != nil {
-			return 0, err
-		}
-		var rows, emitted int
-		if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM ledger), (SELECT count(*) FROM effectively.outbox)`).Scan(&rows, &emitted); err != nil {
-			return 0, err
-		}
-		if rows != n || emitted != n {
-			return 0, fmt.Errorf("%d ledger rows and %d outbox rows after %d messages", rows, emitted, n)
-		}
-		return elapsed, nil
+		return runEmit(ctx, pool, broker, cfg, n)
 	}
+}
+
+// EngineQueueEmit is EngineQueue with one outbox message per input,
+// queued with the input's INSERT by EmitQueued (key: the account); the
+// consumer sends the batch's emits as one INSERT.
+func EngineQueueEmit(ob *outbox.Outbox) func(ctx context.Context, pool *pgxpool.Pool, n, batch int) (time.Duration, error) {
+	return func(ctx context.Context, pool *pgxpool.Pool, n, batch int) (time.Duration, error) {
+		broker := consumertest.New(consumertest.Config{Lanes: 1})
+		for i := range n {
+			id, _, _, payload := message(i)
+			broker.Publish(0, consumer.Message{ID: id, Value: payload})
+		}
+		strategy, err := idset.New(idset.Config{})
+		if err != nil {
+			return 0, err
+		}
+		cfg := consumer.Config{Name: "bench", Strategy: strategy, BatchSize: batch, Concurrency: 1,
+			QueueHandler: consumer.JSONQueue(func(ctx context.Context, q consumer.Queue, m *consumer.Message, t transfer) error {
+				q.Queue(`INSERT INTO ledger (msg_id, account, amount) VALUES ($1, $2, $3)`, t.ID, t.Account, t.Amount)
+				return ob.EmitQueued(q, m, outbox.Message{Sink: OutboxSink, Key: []byte(t.Account), Value: m.Value})
+			})}
+		return runEmit(ctx, pool, broker, cfg, n)
+	}
+}
+
+// runEmit runs a consumer of cfg until broker is idle, and checks that
+// each of the n inputs left one ledger row and one outbox row.
+func runEmit(ctx context.Context, pool *pgxpool.Pool, broker *consumertest.Broker, cfg consumer.Config, n int) (time.Duration, error) {
+	c, err := consumer.New(pool, broker, cfg)
+	if err != nil {
+		return 0, err
+	}
+	elapsed, err := runUntilIdle(ctx, c, broker)
+	if err != nil {
+		return 0, err
+	}
+	var rows, emitted int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM ledger), (SELECT count(*) FROM effectively.outbox)`).Scan(&rows, &emitted); err != nil {
+		return 0, err
+	}
+	if rows != n || emitted != n {
+		return 0, fmt.Errorf("%d ledger rows and %d outbox rows after %d messages", rows, emitted, n)
+	}
+	return elapsed, nil
 }
 
 // outboxMessages returns the n messages the relay benchmarks publish.

@@ -9,6 +9,7 @@ import (
 	"github.com/effectively-once/effectively/internal/kafkatest"
 	"github.com/effectively-once/effectively/outbox"
 	"github.com/effectively-once/effectively/pgtest"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // TestOutboxBenchmarks runs each outbox benchmark small, so that the
@@ -22,6 +23,20 @@ func TestOutboxBenchmarks(t *testing.T) {
 	}
 	if _, err := bench.EngineEmit(ob)(ctx, pool, 1200, 500); err != nil {
 		t.Fatal(err)
+	}
+	obLog, err := bench.OutboxMode(outbox.LogMode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []func(context.Context, *pgxpool.Pool, int, int) (time.Duration, error){
+		bench.EngineEmit(obLog), bench.EngineQueueEmit(obLog), bench.EngineQueueEmit(ob),
+	} {
+		if err := bench.ResetOutbox(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e(ctx, pool, 1200, 500); err != nil {
+			t.Fatal(err)
+		}
 	}
 	k := kafkatest.New(t)
 	topic := kafkatest.Name("outbox-bench")

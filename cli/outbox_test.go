@@ -64,7 +64,7 @@ func (s *listSink) allow(id string) {
 // newOutbox migrates an outbox in the test's database.
 func (e *env) newOutbox(schema, table string) *outbox.Outbox {
 	e.t.Helper()
-	o, err := outbox.New(outbox.Config{Schema: schema, Table: table})
+	o, err := outbox.New(outbox.Config{Schema: schema, Table: table, Mode: outbox.TableMode})
 	if err != nil {
 		e.t.Fatal(err)
 	}

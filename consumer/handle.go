@@ -162,7 +162,7 @@ func (p *path) handleOne(ctx context.Context, tx pgx.Tx, m *Message) error {
 		if err != nil {
 			return err
 		}
-		_, err = sendQueued(ctx, tx, []*item{{m: m}}, []*msgQueue{q}, nil)
+		_, err = sendQueued(ctx, tx, []*item{{m: m}}, []*msgQueue{q}, nil, false)
 		return err
 	}
 	if p.cfg.BatchHandler != nil {

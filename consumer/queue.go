@@ -41,7 +41,10 @@ import (
 // with no callback, queued one after the other (one per message, say), is
 // sent as one multi-row INSERT of the same rows in the same order, unless
 // Config.NoInsertMerge is set. Should it fail, the batch runs again with
-// the statements as queued, to find the message to blame.
+// the statements as queued, to find the message to blame. A statement
+// whose only argument is a Combiner (outbox.EmitQueued queues one) is
+// joined with the like statements of the batch's other messages into one,
+// sent after the batch's other statements, in the same round trip.
 //
 // Returning an error fails the message as for Handler; its queued
 // statements are dropped unsent. An error made with Permanent (or a

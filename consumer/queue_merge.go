@@ -21,8 +21,9 @@ import (
 // pass ends (errMerged) and the next one sends every statement as queued,
 // which blames the right message.
 
-// errMerged ends a pass in which a merged INSERT failed.
-var errMerged = errors.New("a merged INSERT failed")
+// errMerged ends a pass in which a merged INSERT, or a statement that
+// combines several Combiners' (queue_combine.go), failed.
+var errMerged = errors.New("a merged INSERT or combined statement failed")
 
 // maxParams is the most parameters one statement may have.
 const maxParams = 65535
@@ -138,14 +139,35 @@ func (mg *merger) mergeable(qq *pgx.QueuedQuery) *rowInsert {
 	return ri
 }
 
-// merge returns the batch to send for queued, with runs of mergeable
-// statements of the same text merged, and for each statement sent, the
-// first of queued it stands for (the last stands for the rest).
-func (mg *merger) merge(queued []*pgx.QueuedQuery) ([]*pgx.QueuedQuery, []int) {
+// merge returns the batch to send for queued, with runs of statements of
+// a Combiner of the same text combined and, with inserts, runs of
+// mergeable statements of the same text merged, and for each statement
+// sent, the first of queued it stands for (the last stands for the rest).
+func (mg *merger) merge(queued []*pgx.QueuedQuery, inserts bool) ([]*pgx.QueuedQuery, []int) {
 	sent := make([]*pgx.QueuedQuery, 0, len(queued))
 	from := make([]int, 0, len(queued))
 	for i := 0; i < len(queued); {
-		ri := mg.mergeable(queued[i])
+		if combinerOf(queued[i]) != nil {
+			j := i + 1
+			for j < len(queued) && queued[j].SQL == queued[i].SQL && combinerOf(queued[j]) != nil {
+				j++
+			}
+			if j-i >= 2 {
+				if qq := combine(queued[i:j]); qq != nil {
+					sent, from = append(sent, qq), append(from, i)
+					i = j
+					continue
+				}
+			}
+			for ; i < j; i++ {
+				sent, from = append(sent, queued[i]), append(from, i)
+			}
+			continue
+		}
+		var ri *rowInsert
+		if inserts {
+			ri = mg.mergeable(queued[i])
+		}
 		j := i + 1
 		if ri != nil {
 			for j < len(queued) && queued[j].SQL == queued[i].SQL && mg.mergeable(queued[j]) == ri {

@@ -46,7 +46,7 @@ func TestMergeRuns(t *testing.T) {
 	}
 	queued = append(queued, other, ins(7), withFn, ins(8), ins(9))
 	var mg merger
-	sent, from := mg.merge(queued)
+	sent, from := mg.merge(queued, true)
 	var got []string
 	for i, qq := range sent {
 		got = append(got, fmt.Sprintf("%d:%s:%v", from[i], qq.SQL, qq.Arguments))

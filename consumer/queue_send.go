@@ -22,12 +22,13 @@ var errUnattributed = errors.New("a queued statement failed before it was sent, 
 
 // sendQueued sends the statements queued in qs (qs[i] is items[i]'s queue)
 // in tx: those the handlers queued in one pipelined round trip, then those
-// their callbacks queued in the next, until none is left; with mg, runs of
-// single-row INSERTs merged (queue_merge.go). It stops at the first
+// their callbacks queued in the next, until none is left; with mg, the
+// statements of a Combiner combined (queue_combine.go) and, with inserts,
+// runs of single-row INSERTs merged (queue_merge.go). It stops at the first
 // failure and returns the message to blame with a *StatementError, or no
 // message when none can be told: a lost connection, errMerged, or
 // errUnattributed (wrapping the error).
-func sendQueued(ctx context.Context, tx pgx.Tx, items []*item, qs []*msgQueue, mg *merger) (*item, error) {
+func sendQueued(ctx context.Context, tx pgx.Tx, items []*item, qs []*msgQueue, mg *merger, inserts bool) (*item, error) {
 	defer func() {
 		for _, q := range qs {
 			q.done = true
@@ -52,8 +53,9 @@ func sendQueued(ctx context.Context, tx pgx.Tx, items []*item, qs []*msgQueue, m
 		}
 		wire, from := &b, []int(nil)
 		if mg != nil {
+			combineLast(b.QueuedQueries, owner)
 			var sent []*pgx.QueuedQuery
-			if sent, from = mg.merge(b.QueuedQueries); len(sent) < len(b.QueuedQueries) {
+			if sent, from = mg.merge(b.QueuedQueries, inserts); len(sent) < len(b.QueuedQueries) {
 				wire = &pgx.Batch{QueuedQueries: sent}
 			} else {
 				from = nil
@@ -260,10 +262,10 @@ func (c *Consumer) handleQueued(ctx context.Context, tx pgx.Tx, news []*item, me
 	idle := c.idleTx
 	slowHandlers := idle > 0 && time.Since(t) > idle
 	var mg *merger
-	if merge && !c.cfg.NoInsertMerge {
+	if merge {
 		mg = &c.merger
 	}
-	failed, err := sendQueued(ctx, tx, run, qs, mg)
+	failed, err := sendQueued(ctx, tx, run, qs, mg, !c.cfg.NoInsertMerge)
 	switch {
 	case err == nil:
 	case failed != nil:
@@ -304,7 +306,7 @@ func (c *Consumer) handleQueuedOne(ctx context.Context, tx pgx.Tx, it *item) (he
 	if herr != nil {
 		return herr, nil
 	}
-	_, herr = sendQueued(ctx, tx, []*item{it}, []*msgQueue{q}, nil)
+	_, herr = sendQueued(ctx, tx, []*item{it}, []*msgQueue{q}, nil, false)
 	var pe pgx.ErrPreprocessingBatch
 	if herr != nil && errors.As(herr, &pe) && connClosed(tx) {
 		c.recordFailure(it, herr)

@@ -35,6 +35,7 @@ const (
 	chainIn      = "CHAIN_IN_TOPIC"  // stage A's input topic
 	chainOut     = "CHAIN_OUT_TOPIC" // the relays' Kafka topic, when the sink is Kafka
 	chainQueue   = "CHAIN_QUEUE"     // the relays' SQS queue URL, when the sink is SQS
+	chainTable   = "CHAIN_TABLE"     // set: the relays poll the table, so stage A emits in TableMode
 )
 
 // Stage A parks the inputs chainPoisonA says; stage B parks the messages
@@ -151,7 +152,11 @@ func chainConsumer(t *testing.T, ctx context.Context, db *pgxpool.Pool, src cons
 // message per input and records the input in a_effects, in one statement
 // each.
 func chainStageA(t *testing.T, ctx context.Context, db *pgxpool.Pool, counts *chainCounts) func(context.Context) error {
-	o, err := New(Config{Sinks: []string{"out"}})
+	mode := LogMode
+	if os.Getenv(chainTable) != "" {
+		mode = TableMode
+	}
+	o, err := New(Config{Sinks: []string{"out"}, Mode: mode})
 	if err != nil {
 		t.Fatal(err)
 	}

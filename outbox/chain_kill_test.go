@@ -106,6 +106,9 @@ CREATE TABLE b_effects (serial bigserial, input text, account text, msg_id text)
 		}
 	}
 	env := []string{chainDB + "=" + url, chainBrokers + "=" + strings.Join(k.Brokers(), ","), chainIn + "=" + in, chainOut + "=" + out}
+	if !run.log {
+		env = append(env, chainTable+"=1") // stage A emits for the table-polling relay
+	}
 	if run.sqs {
 		c := fauxqs.Client(t)
 		name := "chain"
@@ -155,6 +158,12 @@ CREATE TABLE b_effects (serial bigserial, input text, account text, msg_id text)
 		relayRole = "log-relay"
 	}
 	procs := newChainProcs(t, env)
+	// Registered after procs's: runs first, with the children still up.
+	t.Cleanup(func() {
+		if t.Failed() {
+			chainStall(t, db, k, wantB, accounts)
+		}
+	})
 	// The stages first: they migrate the outbox and their own tables, so
 	// that no table is created while the log relay creates its slot. (With
 	// stage B's tables created meanwhile, PostgreSQL 15.18 failed to
@@ -478,4 +487,78 @@ func (p *chainProcs) report() chainReport {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return chainReport{starts: p.starts, kills: p.kills, applied: p.applied, dupes: p.dupes}
+}
+
+// chainStall logs, for a run that failed, where the inputs stage B lacks
+// stopped: not applied at stage A (its consumer never took them), in the
+// outbox and not confirmed, or gone from it (published, then cleaned up),
+// with their keys, the stages' committed offsets, the slot's state and,
+// on the in-process cluster, the stages' group members (a member whose
+// process is gone holds its partitions until the group drops it).
+func chainStall(t *testing.T, db *pgxpool.Pool, k *kafkatest.Cluster, wantB map[int]bool, accounts int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	atB := map[int]bool{}
+	rows, err := db.Query(ctx, `SELECT DISTINCT input FROM b_effects`)
+	if err != nil {
+		t.Logf("stall report: %v", err)
+		return
+	}
+	for rows.Next() {
+		var s string
+		if rows.Scan(&s) == nil {
+			atB[chainInput(s)] = true
+		}
+	}
+	rows.Close()
+	var missing []string
+	for n := range wantB {
+		if !atB[n] {
+			missing = append(missing, fmt.Sprintf("in-%d", n))
+		}
+	}
+	sort.Strings(missing)
+	var notA, waiting, gone int
+	var keys []string
+	err = db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE a.input IS NULL),
+    count(*) FILTER (WHERE a.input IS NOT NULL AND o.id IS NOT NULL),
+    count(*) FILTER (WHERE a.input IS NOT NULL AND o.id IS NULL),
+    coalesce(array_agg(DISTINCT 'acct-' || (substring(m.input FROM 4)::int % $2)), '{}')
+FROM unnest($1::text[]) AS m(input)
+LEFT JOIN a_effects a ON a.input = m.input
+LEFT JOIN effectively.outbox o ON o.msg_id = a.msg_id`, missing, accounts).Scan(&notA, &waiting, &gone, &keys)
+	if err != nil {
+		t.Logf("stall report: %v", err)
+		return
+	}
+	sort.Strings(keys)
+	t.Logf("stall report: stage B lacks %d inputs (first: %v): %d not applied at stage A, %d in the outbox, %d applied at stage A and no longer in the outbox; their keys: %v",
+		len(missing), missing[:min(len(missing), 5)], notA, waiting, gone, keys)
+	for _, q := range []string{
+		`SELECT group_id, topic, partition, next_offset, high_offset, generation, updated_at FROM effectively.kafka_offsets ORDER BY 1, 2, 3`,
+		`SELECT slot_name, active, confirmed_flush_lsn, pg_current_wal_lsn() FROM pg_replication_slots`,
+		`SELECT application_name, state, backend_start FROM pg_stat_activity WHERE datname = current_database() AND application_name <> '' ORDER BY 1`,
+	} {
+		rows, err := db.Query(ctx, q)
+		if err != nil {
+			t.Logf("stall report: %v", err)
+			continue
+		}
+		for rows.Next() {
+			vals, _ := rows.Values()
+			t.Logf("stall report: %v", vals)
+		}
+		rows.Close()
+	}
+	if k.Fake() == nil {
+		return
+	}
+	for _, group := range []string{"stage-a", "stage-b"} {
+		if g := k.Fake().GroupInfo(group); g != nil {
+			for _, m := range g.Members {
+				t.Logf("stall report: group %s (%s, generation %d): member %s from %s assigned %v",
+					group, g.State, g.Epoch, m.MemberID, m.ClientHost, m.Assignment)
+			}
+		}
+	}
 }

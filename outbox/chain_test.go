@@ -44,7 +44,7 @@ func testChained(t *testing.T, batch bool) {
 	}
 	const accounts = 40
 	ctx := context.Background()
-	db, o := setup(t, Config{Sinks: []string{"balances"}})
+	db, o := setup(t, Config{Mode: TableMode, Sinks: []string{"balances"}})
 	if _, err := db.Exec(ctx, `CREATE TABLE a_effects (input text PRIMARY KEY, serial bigserial, account text, msg_id text);
 CREATE TABLE b_effects (serial bigserial, input text, account text, msg_id text, value_null boolean, value_empty boolean)`); err != nil {
 		t.Fatal(err)

@@ -31,6 +31,9 @@ func TestRelayConfigRefusals(t *testing.T) {
 	if _, err := New(Config{Sinks: []string{""}}); err == nil {
 		t.Error("an empty sink name in Config.Sinks was accepted")
 	}
+	if _, err := New(Config{Mode: 7}); err == nil || !strings.Contains(err.Error(), "Mode") {
+		t.Errorf("Config.Mode 7: got %v, want an error naming Mode", err)
+	}
 }
 
 // TestOwnNames: an outbox in a schema and table of its own, with names
@@ -42,7 +45,7 @@ func TestOwnNames(t *testing.T) {
 	if _, err := New(Config{Table: strings.Repeat("t", 55)}); err == nil || !strings.Contains(err.Error(), "54 bytes") {
 		t.Fatalf("a table name PostgreSQL would cut: %v", err)
 	}
-	cfg := Config{Schema: "Pipeline Stage \"A\" of the ledger", Table: "Outbox of stage \"A\", its own one"}
+	cfg := Config{Schema: "Pipeline Stage \"A\" of the ledger", Table: "Outbox of stage \"A\", its own one", Mode: TableMode}
 	o, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -9,7 +9,11 @@
 // Outbox.Emit adds messages inside any pgx.Tx, in one statement however
 // many there are: from a consumer's Handler or BatchHandler, or from plain
 // code (an HTTP handler that writes an order and announces it). They exist
-// exactly when the transaction commits: a rollback emits nothing. Emit
+// exactly when the transaction commits: a rollback emits nothing. A
+// consumer's QueueHandler, which has a queue and no transaction, emits
+// with Outbox.EmitQueued: its INSERT runs in the batch's transaction, and
+// the consumer sends the emits of the whole batch as one INSERT in the
+// batch's round trip (consumer.Combiner). Emit
 // refuses what it can judge (an empty or, when Config.Sinks is set,
 // unknown sink, bad or reserved header names, a message over
 // MaxMessageBytes) with a *MessageError wrapping ErrInvalid, and writes
@@ -40,7 +44,18 @@
 // applies them again: recompute the next stage too, or make its effect
 // idempotent by construction.
 //
-// # Order without a cursor
+// # Which relay: Config.Mode
+//
+// How a key's messages keep commit order depends on the relay that reads
+// the outbox, so the emitters name it in Config.Mode. In LogMode, the
+// default, the outbox is read by a LogRelay, which receives committed
+// transactions in commit order from the WAL: Emit writes the messages with
+// one INSERT and nothing else. In TableMode the outbox is read by the
+// table-polling Relay, which needs the per-key counter described next (a
+// LogRelay reads a TableMode outbox too). A Relay parks the keyed messages
+// of a LogMode outbox (ErrUnordered) rather than publish them out of order.
+//
+// # Order without a cursor (TableMode)
 //
 // Each emit takes a sequence number per (sink, key) from a counter row,
 // with INSERT … ON CONFLICT DO UPDATE SET seq = seq + n, in the emitting
@@ -53,7 +68,7 @@
 // transaction that commits late is simply read by a later pass; one left
 // open holds back only the keys it emitted to (and their later emitters
 // wait for it), never the others. Messages with a nil Key have no order
-// (seq 0) and take no counter row.
+// (seq 0) and take no counter row; in LogMode no message does.
 //
 // A key's seq orders only the rows that wait at the same time: the relay's
 // cleanup deletes the counter of a key with no row waiting (none
@@ -139,8 +154,10 @@
 // walsender per slot); others stand by and take over. The table keeps each
 // row until the slot confirmed it: a slot dropped, lost in a failover or
 // invalidated by max_slot_wal_keep_size is created again and the
-// unconfirmed rows are published from the table, in seq order per key,
-// with the same IDs. The cleanup deletes confirmed rows by id range. It
+// unconfirmed rows are published from the table, per key in seq and then
+// id order (in LogMode, insertion order: commit order but between
+// transactions that emitted to one key at the same time), with the same
+// IDs. The cleanup deletes confirmed rows by id range. It
 // needs wal_level = logical, a role with REPLICATION and a direct
 // connection; Relay remains the choice behind PgBouncer or without logical
 // decoding. Never run both on one outbox. docs/pipelines.md has the

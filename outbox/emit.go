@@ -6,6 +6,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Emit adds msgs to the outbox inside tx, in one statement whatever their
@@ -15,41 +16,29 @@ import (
 // before writing any, and returns a *MessageError (wrapping ErrInvalid)
 // for the first it refuses.
 //
-// Emit takes, for every (Sink, Key) it writes to, that key's counter row
-// until tx ends: another transaction emitting to the same key waits for
-// this one, which is what keeps the key's messages in commit order. Keep
-// transactions that emit short.
+// In LogMode (the default) that statement is one multi-row INSERT. In
+// TableMode, Emit also takes, for every (Sink, Key) it writes to, that
+// key's counter row until tx ends: another transaction emitting to the
+// same key waits for this one, which is what keeps the key's messages in
+// commit order for the table-polling Relay. Keep transactions that emit
+// short there.
 func (o *Outbox) Emit(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	n := len(msgs)
-	parts := make([]int32, n)
-	sinks := make([]string, n)
-	keys := make([][]byte, n)
-	ids := make([]string, n)
-	values := make([][]byte, n)
-	headers := make([][]byte, n)
-	for i := range msgs {
-		m := &msgs[i]
-		if err := o.validate(i, m); err != nil {
-			return err
-		}
-		ids[i] = m.ID
-		if ids[i] == "" {
-			ids[i] = randomID()
-		}
-		sinks[i], keys[i], values[i] = m.Sink, m.Key, m.Value
-		headers[i] = encodeHeaders(m.Headers)
-		parts[i] = partition(m.Sink, m.Key, ids[i])
+	rs, err := o.rows(msgs, nil)
+	if err != nil {
+		return err
 	}
-	// Each keyed message's place among its key's messages in this call
-	// (from 1), and how many the key has: the statement takes a block of
-	// that many numbers from the key's counter and gives the messages its
-	// numbers in this order, with no sort in the database.
-	ords, counts := keyOrdinals(sinks, keys)
+	n := len(msgs)
 	var written int64
-	err := tx.QueryRow(ctx, o.t.emitSQL(), parts, sinks, keys, ids, values, headers, ords, counts, o.t.channel).Scan(&written)
+	if o.cfg.Mode == TableMode {
+		err = tx.QueryRow(ctx, o.sql, o.args(&rs)...).Scan(&written)
+	} else {
+		var tag pgconn.CommandTag
+		tag, err = tx.Exec(ctx, o.sql, o.args(&rs)...)
+		written = tag.RowsAffected()
+	}
 	if err != nil {
 		return fmt.Errorf("outbox: emit: %w", err)
 	}
@@ -71,6 +60,64 @@ func (o *Outbox) EmitFor(ctx context.Context, tx pgx.Tx, in *consumer.Message, m
 		}
 	}
 	return o.Emit(ctx, tx, msgs...)
+}
+
+// emitRows are messages as the emit statement takes them: one array per
+// column.
+type emitRows struct {
+	parts           []int32
+	sinks, ids      []string
+	keys            [][]byte
+	values, headers [][]byte
+}
+
+// rows checks msgs and returns them as columns. A message without an ID
+// gets id(i), or a random one when id is nil.
+func (o *Outbox) rows(msgs []Message, id func(i int) string) (emitRows, error) {
+	n := len(msgs)
+	rs := emitRows{parts: make([]int32, n), sinks: make([]string, n), ids: make([]string, n),
+		keys: make([][]byte, n), values: make([][]byte, n), headers: make([][]byte, n)}
+	for i := range msgs {
+		m := &msgs[i]
+		if err := o.validate(i, m); err != nil {
+			return emitRows{}, err
+		}
+		rs.ids[i] = m.ID
+		if rs.ids[i] == "" {
+			if id != nil {
+				rs.ids[i] = id(i)
+			} else {
+				rs.ids[i] = randomID()
+			}
+		}
+		rs.sinks[i], rs.keys[i], rs.values[i] = m.Sink, m.Key, m.Value
+		rs.headers[i] = encodeHeaders(m.Headers)
+		rs.parts[i] = partition(m.Sink, m.Key, rs.ids[i])
+	}
+	return rs, nil
+}
+
+// append adds the rows of more after those of rs.
+func (rs *emitRows) append(more *emitRows) {
+	rs.parts = append(rs.parts, more.parts...)
+	rs.sinks = append(rs.sinks, more.sinks...)
+	rs.ids = append(rs.ids, more.ids...)
+	rs.keys = append(rs.keys, more.keys...)
+	rs.values = append(rs.values, more.values...)
+	rs.headers = append(rs.headers, more.headers...)
+}
+
+// args are the emit statement's arguments for rs.
+func (o *Outbox) args(rs *emitRows) []any {
+	if o.cfg.Mode != TableMode {
+		return []any{rs.parts, rs.sinks, rs.keys, rs.ids, rs.values, rs.headers}
+	}
+	// Each keyed message's place among its key's messages in this call
+	// (from 1), and how many the key has: the statement takes a block of
+	// that many numbers from the key's counter and gives the messages its
+	// numbers in this order, with no sort in the database.
+	ords, counts := keyOrdinals(rs.sinks, rs.keys)
+	return []any{rs.parts, rs.sinks, rs.keys, rs.ids, rs.values, rs.headers, ords, counts, o.t.channel}
 }
 
 // keyOrdinals returns, for each message with a key, its place among the
@@ -95,7 +142,17 @@ func keyOrdinals(sinks []string, keys [][]byte) (ords, counts []int32) {
 	return ords, counts
 }
 
-func (t tables) emitSQL() string {
+// emitSQL is the emit statement of mode. In LogMode, one INSERT: the
+// LogRelay orders by commit, and needs neither a counter nor a NOTIFY. In
+// TableMode, the counters give each keyed row its seq, and the NOTIFY
+// (delivered on commit) wakes the Relay.
+func (t tables) emitSQL(mode Mode) string {
+	if mode != TableMode {
+		return `INSERT INTO ` + t.messages + ` (part, sink, key, seq, msg_id, value, headers)
+SELECT part, sink, key, 0, msg_id, value, headers
+FROM unnest($1::int[], $2::text[], $3::bytea[], $4::text[], $5::bytea[], $6::bytea[])
+    AS t(part, sink, key, msg_id, value, headers)`
+	}
 	return `WITH input AS (
     SELECT * FROM unnest($1::int[], $2::text[], $3::bytea[], $4::text[], $5::bytea[], $6::bytea[], $7::int[], $8::int[])
         AS t(part, sink, key, msg_id, value, headers, ord, n)

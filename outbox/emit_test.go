@@ -17,7 +17,7 @@ import (
 // reach the sink; a committed one's do, whole (nil and empty values kept
 // apart, headers kept), with its ID.
 func TestRollbackEmitsNothing(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	ctx := context.Background()
 	tx, err := db.Begin(ctx)
 	if err != nil {
@@ -70,7 +70,7 @@ func TestRollbackEmitsNothing(t *testing.T) {
 // TestEmitValidates: what can be known at Emit fails there, clearly, and
 // writes nothing of the batch.
 func TestEmitValidates(t *testing.T) {
-	db, o := setup(t, Config{Sinks: []string{"orders"}, MaxMessageBytes: 100})
+	db, o := setup(t, Config{Mode: TableMode, Sinks: []string{"orders"}, MaxMessageBytes: 100})
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name string
@@ -103,7 +103,7 @@ func TestEmitValidates(t *testing.T) {
 // key's messages densely, in the order given, after what earlier
 // transactions took.
 func TestEmitBatchSeq(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	emit(t, db, o, Message{Sink: "s", Key: []byte("a"), ID: "a1"})
 	emit(t, db, o,
 		Message{Sink: "s", Key: []byte("b"), ID: "b1"},
@@ -144,7 +144,7 @@ func TestIDs(t *testing.T) {
 			t.Fatal("different inputs or ordinals gave the same ID")
 		}
 	}
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	ctx := context.Background()
 	m := in("A", "x")
 	if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {

@@ -36,7 +36,7 @@ func Example() {
 	}
 	defer pool.Close()
 
-	ob, err := outbox.New(outbox.Config{Sinks: []string{"orders"}})
+	ob, err := outbox.New(outbox.Config{Sinks: []string{"orders"}, Mode: outbox.TableMode}) // read by the table-polling Relay below
 	if err != nil {
 		panic(err)
 	}

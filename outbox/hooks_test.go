@@ -71,7 +71,7 @@ func (h *recHook) totals() (published, retried, parked, latencies int) {
 // got, the refused message is counted parked, the flaky one retried and
 // then published, and the lease and wake-up events arrive.
 func TestHooksCountWhatWasPublished(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	sink := newMemSink()
 	sink.refuse["bad"] = Permanent(errors.New("too large"))
 	sink.failTimes["flaky"] = 1
@@ -149,7 +149,7 @@ func TestHooksCountWhatWasPublished(t *testing.T) {
 
 // TestHooksPollWake: a poll-only relay's wake-ups are polls.
 func TestHooksPollWake(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	sink := newMemSink()
 	h := &recHook{}
 	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": sink}, Hooks: []RelayHook{h}, PollOnly: true, PollInterval: 20 * time.Millisecond})
@@ -170,7 +170,7 @@ func TestHooksPollWake(t *testing.T) {
 // TestHooksBacklog: rows on a retry path wait, and the backlog report says
 // how many and how old; parked rows are not waiting.
 func TestHooksBacklog(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	sink := newMemSink()
 	for _, id := range []string{"a", "b", "c"} {
 		sink.failTimes[id] = 1 << 30

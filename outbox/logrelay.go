@@ -214,6 +214,7 @@ func NewLogRelay(pool *pgxpool.Pool, cfg LogRelayConfig) (*LogRelay, error) {
 		return nil, err
 	}
 	cfg.Owner = pub.owner
+	pub.byCommit = true // the stream orders keyed rows without a seq
 	repl := cc.Config.Copy()
 	if repl.RuntimeParams == nil {
 		repl.RuntimeParams = map[string]string{}

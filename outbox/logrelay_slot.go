@@ -148,7 +148,10 @@ var snapshotName = regexp.MustCompile(`^[0-9A-Fa-f-]+$`)
 // a snapshot of now, the rows waiting
 // for the log relay: not published, not parked, not redriven (the
 // reconciliation publishes those). They come per key in seq order, which
-// is commit order. It returns how many it published.
+// is commit order, and in id order among rows of one seq (all of a
+// LogMode outbox's rows have seq 0): insertion order, which is commit
+// order but for transactions that emitted to one key at the same time.
+// It returns how many it published.
 func (r *LogRelay) recoverFrom(ctx context.Context, snapshot string) (int64, error) {
 	if snapshot != "" && !snapshotName.MatchString(snapshot) {
 		return 0, fmt.Errorf("outbox: log relay: unexpected snapshot name %q", snapshot)
@@ -169,7 +172,7 @@ func (r *LogRelay) recoverFrom(ctx context.Context, snapshot string) (int64, err
 	rows, err := tx.Query(ctx, `SELECT id, part, sink, key, seq, msg_id, value, headers, created_at
 FROM `+r.t.messages+`
 WHERE published_at IS NULL AND parked_at IS NULL AND last_error IS NULL
-ORDER BY part, sink, key, seq`, pgx.QueryExecModeExec)
+ORDER BY part, sink, key, seq, id`, pgx.QueryExecModeExec)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: log relay: recover: %w", err)
 	}

@@ -60,11 +60,17 @@ func waitActive(t *testing.T, r *LogRelay) {
 
 // TestLogRelayCommitOrder: the log relay publishes in commit order, not in
 // id order: a transaction that drew its ids first and commits last is
-// published last; every message goes out with its ID and per key in seq
-// (commit) order, from concurrent emitters.
+// published last; every message goes out with its ID and per key in
+// commit order, from concurrent emitters of a LogMode outbox (no
+// counter). The emitters learn their commit order per key from a witness
+// row each updates after its emit and holds until it commits.
 func TestLogRelayCommitOrder(t *testing.T) {
 	db, o := setup(t, Config{})
 	ctx := context.Background()
+	if _, err := db.Exec(ctx, `CREATE TABLE witness (key text PRIMARY KEY, n bigint NOT NULL);
+CREATE TABLE witness_log (key text, msg_id text, n bigint)`); err != nil {
+		t.Fatal(err)
+	}
 	sink := newMemSink()
 	r, _ := startLogRelay(t, db, LogRelayConfig{Sinks: map[string]Sink{"s": sink}, BatchSize: 7})
 	// Creating the slot waits for the transactions open then: let it be.
@@ -97,8 +103,15 @@ func TestLogRelayCommitOrder(t *testing.T) {
 			defer wg.Done()
 			for i := range perWorker {
 				id := fmt.Sprintf("w%d-%d", w, i)
+				key := fmt.Sprint("k", (w+i)%keys)
 				if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-					return o.Emit(ctx, tx, msg(fmt.Sprint("k", (w+i)%keys), id))
+					if err := o.Emit(ctx, tx, msg(key, id)); err != nil {
+						return err
+					}
+					_, err := tx.Exec(ctx, `WITH w AS (
+    INSERT INTO witness VALUES ($1, 1) ON CONFLICT (key) DO UPDATE SET n = witness.n + 1 RETURNING n)
+INSERT INTO witness_log SELECT $1, $2, n FROM w`, key, id)
+					return err
 				}); err != nil {
 					t.Error(err)
 					return
@@ -111,14 +124,22 @@ func TestLogRelayCommitOrder(t *testing.T) {
 	if got[0].ID != "late" || got[1].ID != "early" {
 		t.Fatalf("published %v first; want late, early (commit order)", ids(got[:2]))
 	}
-	checkSeqOrder(t, db, got)
+	checkOrder(t, db, got[2:], `SELECT key, msg_id FROM witness_log ORDER BY key, n`)
 }
 
 // checkSeqOrder checks that, per key, the first deliveries in got follow
-// the rows' seq, which the emitters' counter rows put in commit order.
+// the rows' seq and then their id: commit order for a TableMode outbox
+// (its counters) and for emitters that commit one after the other.
 func checkSeqOrder(t *testing.T, db *pgxpool.Pool, got []Message) {
 	t.Helper()
-	rows, err := db.Query(context.Background(), `SELECT key, msg_id FROM effectively.outbox WHERE key IS NOT NULL ORDER BY key, seq`)
+	checkOrder(t, db, got, `SELECT key, msg_id FROM effectively.outbox WHERE key IS NOT NULL ORDER BY key, seq, id`)
+}
+
+// checkOrder checks that, per key, the first deliveries in got follow the
+// order query returns (key, msg_id) in.
+func checkOrder(t *testing.T, db *pgxpool.Pool, got []Message, query string) {
+	t.Helper()
+	rows, err := db.Query(context.Background(), query)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,6 +43,41 @@ type Config struct {
 	// Emit accepts. Defaults to DefaultMaxMessageBytes (Kafka's default
 	// message.max.bytes is about that).
 	MaxMessageBytes int
+	// Mode is the relay that reads the outbox, which decides what Emit
+	// writes: LogMode for a LogRelay, TableMode for a Relay. Every Outbox
+	// that emits into one table must have the mode of its relay. Defaults
+	// to LogMode.
+	Mode Mode
+}
+
+// Mode says which relay reads an outbox, and so what keeps a key's
+// messages in commit order.
+type Mode int
+
+const (
+	// LogMode is for an outbox read by LogRelay, which receives committed
+	// transactions from the WAL in commit order: Emit writes its messages
+	// with one INSERT and nothing else. The table-polling Relay cannot
+	// order the keyed messages of a LogMode outbox and parks them.
+	LogMode Mode = iota
+	// TableMode is for an outbox read by the table-polling Relay (no
+	// logical decoding, or connections through PgBouncer). Emit also takes
+	// a per-(sink, key) counter row, held until the transaction ends, that
+	// numbers the key's messages in commit order for the Relay, and sends
+	// a NOTIFY that wakes it: a lock and an update per key per emit, about
+	// half a stage's throughput. A LogRelay reads a TableMode outbox too.
+	TableMode
+)
+
+// String returns the mode's name.
+func (m Mode) String() string {
+	switch m {
+	case LogMode:
+		return "LogMode"
+	case TableMode:
+		return "TableMode"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
 }
 
 // Outbox adds messages to the outbox table inside the caller's transaction.
@@ -51,6 +86,7 @@ type Outbox struct {
 	cfg   Config
 	sinks map[string]bool
 	t     tables
+	sql   string // the emit statement of cfg.Mode
 }
 
 type tables struct {
@@ -107,6 +143,9 @@ func (c *Config) defaults() error {
 	if c.MaxMessageBytes < 0 {
 		return fmt.Errorf("outbox: Config.MaxMessageBytes is negative")
 	}
+	if c.Mode != LogMode && c.Mode != TableMode {
+		return fmt.Errorf("outbox: Config.Mode is %v, neither LogMode nor TableMode", c.Mode)
+	}
 	return checkNames(c.Schema, c.Table)
 }
 
@@ -130,6 +169,7 @@ func New(cfg Config) (*Outbox, error) {
 		return nil, err
 	}
 	o := &Outbox{cfg: cfg, t: newTables(cfg.Schema, cfg.Table)}
+	o.sql = o.t.emitSQL(cfg.Mode)
 	if len(cfg.Sinks) > 0 {
 		o.sinks = map[string]bool{}
 		for _, s := range cfg.Sinks {

@@ -22,7 +22,7 @@ import (
 func setupBouncer(t *testing.T, mode pgx.QueryExecMode) (*pgxpool.Pool, *Outbox) {
 	t.Helper()
 	pool := pgtest.NewBouncerPool(t, func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
-	o, err := New(Config{})
+	o, err := New(Config{Mode: TableMode})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func TestRelayRefusesCachedStatementsThroughPgBouncer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer direct.Close()
-	o, err := New(Config{})
+	o, err := New(Config{Mode: TableMode})
 	if err != nil {
 		t.Fatal(err)
 	}

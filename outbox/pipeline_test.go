@@ -17,7 +17,7 @@ import (
 // transient failures and one refusal for good: each key's first deliveries
 // are in commit order, and nothing of the refused key passes it.
 func TestReadAheadKeepsOrder(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	sink := newMemSink()
 	const keys, perKey = 4, 40
 	var all []Message
@@ -54,7 +54,7 @@ func TestReadAheadKeepsOrder(t *testing.T) {
 // deleted as it is marked; one put off or parked stays until it is
 // published, redriven or purged.
 func TestDeleteOnPublish(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	sink := newMemSink()
 	sink.failTimes["a2"] = 2
 	sink.refuse["b1"] = Permanent(errors.New("too large"))
@@ -83,7 +83,7 @@ func TestDeleteOnPublish(t *testing.T) {
 // partitions, still fills whole batches: a fetch starts at an even share
 // per partition and widens it while partitions have more than it read.
 func TestHotPartitionFillsBatches(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	var all []Message
 	for i := range 600 {
 		all = append(all, msg("hot", fmt.Sprint("h", i)))
@@ -115,7 +115,7 @@ func (f passFunc) PassDone(_ context.Context, s *PassStats) { f(s) }
 // the index, not the whole table once per partition. The reads are
 // counted by the transaction's own table statistics.
 func TestFetchPlanFollowsTheBacklog(t *testing.T) {
-	pool, o := setup(t, Config{})
+	pool, o := setup(t, Config{Mode: TableMode})
 	ctx := context.Background()
 	// An outbox emptied and vacuumed: the planner knows it has no rows.
 	if _, err := pool.Exec(ctx, `VACUUM ANALYZE effectively.outbox`); err != nil {
@@ -173,7 +173,7 @@ WHERE schemaname = 'effectively' AND relname = 'outbox'`).Scan(&n); err != nil {
 // open; a key emitted to again after its counter went starts again at 1,
 // and one whose emitter was open goes on from its counter.
 func TestPruneCounters(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	ctx := context.Background()
 	sink := newMemSink()
 	sink.refuse["b1"] = Permanent(errors.New("no"))

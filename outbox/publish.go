@@ -254,17 +254,45 @@ func (r *Relay) publish(ctx context.Context, name string, rows []row) []outcome 
 		reason := fmt.Sprintf("outbox: no sink named %q in RelayConfig.Sinks", name)
 		return r.outcomes(ctx, rows, func(int) error { return Permanent(errors.New(reason)) })
 	}
-	msgs := make([]Message, len(rows))
+	// A keyed row without a seq was emitted in LogMode, with no counter
+	// to order it among its key's rows: parked, never published out of
+	// order. Its key's later rows stay behind it.
+	var unordered map[int]bool
+	msgs := make([]Message, 0, len(rows))
+	at := make([]int, len(rows)) // rows[i] is msgs[at[i]]
 	for i := range rows {
-		msgs[i] = rows[i].msg
+		if !r.byCommit && rows[i].msg.Key != nil && rows[i].seq == 0 {
+			if unordered == nil {
+				unordered = map[int]bool{}
+				r.log.Error("outbox: keyed messages emitted by an Outbox in LogMode, which the table-polling Relay cannot keep in key order: parked; "+
+					"set Config.Mode = TableMode on every Outbox that emits to this table, or read it with a LogRelay (which also publishes parked rows once redriven)",
+					"sink", name, "id", rows[i].msg.ID)
+			}
+			unordered[i] = true
+			continue
+		}
+		at[i] = len(msgs)
+		msgs = append(msgs, rows[i].msg)
 	}
 	errs := make([]error, len(msgs))
-	spread(errs, sink.Publish(ctx, msgs))
+	if len(msgs) > 0 {
+		spread(errs, sink.Publish(ctx, msgs))
+	}
 	if len(msgs) > 1 {
 		r.isolate(ctx, sink, msgs, errs)
 	}
-	return r.outcomes(ctx, rows, func(i int) error { return errs[i] })
+	return r.outcomes(ctx, rows, func(i int) error {
+		if unordered[i] {
+			return Permanent(ErrUnordered)
+		}
+		return errs[at[i]]
+	})
 }
+
+// ErrUnordered is the reason the table-polling Relay parks a keyed message
+// emitted by an Outbox in LogMode: without TableMode's per-key counter,
+// nothing orders it among its key's messages by commit.
+var ErrUnordered = errors.New("outbox: keyed message emitted in LogMode, without the per-key counter the table-polling Relay orders by (Config.Mode = TableMode)")
 
 // spread sets errs from what Publish returned.
 func spread(errs []error, err error) {

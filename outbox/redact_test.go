@@ -58,7 +58,7 @@ func checkRedacted(t *testing.T, parked []Parked, keys map[string]string) {
 // refused and for one to an unknown sink; a published message goes out
 // whole, and a redriven one as redacted, with its ID and key.
 func TestRedactParked(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	ctx := context.Background()
 	sink := newMemSink()
 	sink.refuse["a2"] = Permanent(errors.New("message too large"))
@@ -101,7 +101,7 @@ WHERE parked_at IS NOT NULL AND (position($1::bytea IN value) > 0 OR position($2
 // unparked, whole, tried again with the failure recorded, never parked
 // with what Redact did not remove.
 func TestRedactFails(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	sink := newMemSink()
 	sink.refuse["p1"] = Permanent(errors.New("message too large"))
 	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": sink}, Redact: func(m Message) Message {

@@ -187,6 +187,11 @@ type Relay struct {
 	mu     sync.Mutex
 	leases map[int32]lease
 
+	// byCommit is set when the relay publishes for a LogRelay, whose rows
+	// come in commit order: a keyed row without a seq (LogMode) is then
+	// in order, not parked.
+	byCommit bool
+
 	// Owned by the goroutine running Run.
 	turn    int   // where the next fetch starts among the partitions
 	perPart int   // the most rows a fetch reads of one partition

@@ -20,7 +20,7 @@ func msg(key, id string) Message {
 // when it commits late (its rows are older than ones already published)
 // it is published, and its key's later emit, which waited for it, after it.
 func TestLateCommitAndOpenTx(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	ctx := context.Background()
 	sink := newMemSink()
 	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": sink}})
@@ -69,7 +69,7 @@ func TestLateCommitAndOpenTx(t *testing.T) {
 // before marking leaves the rows unpublished; the next relay publishes
 // them again, with the same IDs.
 func TestCrashBetweenPublishAndMark(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	emit(t, db, o, msg("k", "m1"), msg("k", "m2"), msg("j", "n1"))
 	sink := newMemSink()
 	var crashed atomic.Bool
@@ -106,7 +106,7 @@ func TestCrashBetweenPublishAndMark(t *testing.T) {
 // one of them stopped and started again: every message is published at
 // least once and each key's first deliveries are in commit order.
 func TestTwoRelaysKeepKeyOrder(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	sink := newMemSink()
 	var byFirst, bySecond countingSink
 	byFirst.Sink, bySecond.Sink = sink, sink
@@ -179,7 +179,7 @@ func TestTwoRelaysKeepKeyOrder(t *testing.T) {
 // publishing them wakes after its lease has gone to another relay, which
 // has published them: it publishes nothing, and its marks are fenced.
 func TestFrozenRelay(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	emit(t, db, o, msg("k", "m1"), msg("k", "m2"))
 	frozen, thaw := make(chan struct{}), make(chan struct{})
 	var once sync.Once
@@ -218,7 +218,7 @@ func TestFrozenRelay(t *testing.T) {
 // reason and holds back its key's later messages, not other keys'; a
 // transient failure is retried; after a redrive the key goes on, in order.
 func TestParkHoldsBackItsKey(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	sink := newMemSink()
 	sink.refuse["a2"] = Permanent(errors.New("message too large"))
 	sink.failTimes["b1"] = 2
@@ -261,7 +261,7 @@ func TestParkHoldsBackItsKey(t *testing.T) {
 // TestCleanup: published rows older than the retention go, in bounded
 // batches; unpublished and parked rows stay.
 func TestCleanup(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	sink := newMemSink()
 	sink.refuse["p"] = Permanent(errors.New("no"))
 	var msgs []Message
@@ -285,4 +285,24 @@ type countingSink struct {
 func (c *countingSink) Publish(ctx context.Context, msgs []Message) error {
 	c.n.Add(int64(len(msgs)))
 	return c.Sink.Publish(ctx, msgs)
+}
+
+// TestRelayParksLogModeRows: the table-polling relay cannot order the
+// keyed messages of a LogMode outbox (no counter numbered them), so it
+// parks them with the reason instead of publishing them out of order;
+// messages without a key, which have no order, go out.
+func TestRelayParksLogModeRows(t *testing.T) {
+	db, o := setup(t, Config{})
+	emit(t, db, o, msg("a", "a1"), Message{Sink: "s", Value: []byte("loose"), ID: "loose"})
+	sink := newMemSink()
+	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": sink}})
+	sink.waitFor(t, time.Minute, "loose", hasIDs("loose"))
+	waitRows(t, db, time.Minute, 1, `SELECT count(*) FROM effectively.outbox WHERE parked_at IS NOT NULL`)
+	parked, err := o.Parked(context.Background(), db, 10)
+	if err != nil || len(parked) != 1 || parked[0].Message.ID != "a1" || !strings.Contains(parked[0].Reason, "TableMode") {
+		t.Fatalf("parked %+v, %v; want a1, with a reason naming TableMode", parked, err)
+	}
+	if hasIDs("a1")(sink.messages()) {
+		t.Fatal("a1 was published")
+	}
 }

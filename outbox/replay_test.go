@@ -17,7 +17,7 @@ import (
 // so the next stage drops them as duplicates; recomputing into a new scope
 // emits new IDs, so the next stage applies them again.
 func TestReplayThroughPipeline(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	in := consumer.Message{ID: "order-1", Key: []byte("acct"), Value: []byte("order-1")}
 
 	// stageA applies in once with scope, its markers in table.

@@ -41,7 +41,7 @@ SELECT $1, id FROM unnest($2::text[]) WITH ORDINALITY AS t(id, ord) ORDER BY ord
 // publishes nothing: its lease ended by its own clock while it was
 // stopped. The key's messages go out once each, in commit order.
 func TestFrozenRelayProcess(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	ctx := context.Background()
 	if _, err := db.Exec(ctx, `CREATE TABLE published_log (n bigserial PRIMARY KEY, relay text NOT NULL, msg_id text NOT NULL)`); err != nil {
 		t.Fatal(err)

@@ -101,7 +101,7 @@ func (r *refuseEntry) RoundTrip(req *http.Request) (*http.Response, error) {
 // message group. On a FIFO queue the sink must not let the later one arrive
 // first: each group's messages arrive in commit order.
 func TestSQSSinkFIFOOrderWhenAnEntryIsRefused(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	plain := fauxqs.Client(t)
 	queue := fauxqs.NewQueue(t, plain, "order.fifo", nil)
 	refuser := &refuseEntry{refuse: map[string]bool{"g-02": true, "g-07": true, "h-01": true}}

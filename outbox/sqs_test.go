@@ -73,7 +73,7 @@ func TestSQSSink(t *testing.T) {
 	if _, err := NewSQSSink(nil, "u"); err == nil {
 		t.Fatal("a nil client was accepted")
 	}
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	c := fauxqs.Client(t)
 	std := fauxqs.NewQueue(t, c, "outbox", nil)
 	fifo := fauxqs.NewQueue(t, c, "outbox.fifo", nil)

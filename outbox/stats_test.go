@@ -9,7 +9,7 @@ import (
 )
 
 func TestStats(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	ctx := context.Background()
 
 	st, err := o.Stats(ctx, db)
@@ -78,7 +78,7 @@ func TestStats(t *testing.T) {
 }
 
 func TestStatsRows(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	ctx := context.Background()
 	emit(t, db, o, msg("a", "a1"), Message{Sink: "t", ID: "t1", Value: []byte{}, Headers: []Header{{Key: "h", Value: []byte("v")}}}, msg("b", "b1"))
 	if _, err := db.Exec(ctx, `UPDATE `+o.t.messages+` SET parked_at = now(), park_reason = 'refused' WHERE msg_id = 'a1'`); err != nil {

@@ -9,7 +9,7 @@ import (
 // TestNotifyWakes: with polling and lease renewals ten minutes apart, only
 // the emitting transaction's NOTIFY can wake the relay.
 func TestNotifyWakes(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	sink := newMemSink()
 	listening := make(chan struct{})
 	var once sync.Once
@@ -25,7 +25,7 @@ func TestNotifyWakes(t *testing.T) {
 // TestPollOnly: without LISTEN (as behind PgBouncer's transaction pooling)
 // the relay finds committed rows by polling.
 func TestPollOnly(t *testing.T) {
-	db, o := setup(t, Config{})
+	db, o := setup(t, Config{Mode: TableMode})
 	sink := newMemSink()
 	startRelay(t, db, RelayConfig{Sinks: map[string]Sink{"s": sink}, PollOnly: true, PollInterval: 50 * time.Millisecond,
 		onListen: func() { t.Error("a poll-only relay listened") }})

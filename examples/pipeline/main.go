@@ -151,7 +151,10 @@ func run(ctx context.Context, n int, verbose bool) error {
 		BatchTimeout: kafkatest.BatchTimeout, BatchSize: 1000, RequiredAcks: kafkago.RequireAll}
 	defer in.Close()
 
-	ob, err := outbox.New(outbox.Config{Sinks: []string{"balance-changes"}})
+	// TableMode: the outbox is read by the table-polling Relay below, which
+	// needs the per-key counter TableMode takes to keep a key's messages in
+	// commit order. An outbox read by a LogRelay leaves Mode at LogMode.
+	ob, err := outbox.New(outbox.Config{Sinks: []string{"balance-changes"}, Mode: outbox.TableMode})
 	if err != nil {
 		return err
 	}

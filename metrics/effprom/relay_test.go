@@ -84,7 +84,7 @@ func tryValue(reg prom.Gatherer, name string, labels map[string]string) (float64
 func TestRelayMetrics(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.NewPool(t)
-	o, err := outbox.New(outbox.Config{})
+	o, err := outbox.New(outbox.Config{Mode: outbox.TableMode})
 	if err != nil {
 		t.Fatal(err)
 	}

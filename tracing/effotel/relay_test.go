@@ -59,7 +59,7 @@ func TestSpanPerRelayPass(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.NewPool(t)
-	o, err := outbox.New(outbox.Config{})
+	o, err := outbox.New(outbox.Config{Mode: outbox.TableMode})
 	if err != nil {
 		t.Fatal(err)
 	}

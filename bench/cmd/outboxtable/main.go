@@ -1,12 +1,14 @@
 // Command outboxtable runs the outbox's benchmarks of package bench side
 // by side on one PostgreSQL and the in-process Kafka (kfake), and prints
-// BENCHMARKS.md's table: the engine's BatchHandler with one emit per
-// message against the same without, the relay against a plain kafka-go
+// BENCHMARKS.md's table: the engine's BatchHandler and QueueHandler with
+// one emit per message against the same handler without, for an outbox in
+// LogMode (one INSERT per batch) and in TableMode (the per-key counter the
+// table-polling relay orders by); the relay against a plain kafka-go
 // Writer writing the same messages to the same topic, and commit-to-publish
 // latency with NOTIFY, with polling only and with the log relay, idle and
 // under load; the log relay (logical replication) against the same Writer.
 //
-//	go run ./bench/cmd/outboxtable [-scale 1] [-runs 3]
+//	go run ./bench/cmd/outboxtable [-scale 1] [-runs 3] [-emit-only]
 //
 // It starts a throwaway PostgreSQL with fsync on (as production runs) unless
 // DATABASE_URL names a database to use; that database's ledger and
@@ -32,8 +34,9 @@ func main() {
 	scale := flag.Float64("scale", 1, "multiply the number of messages per run")
 	runs := flag.Int("runs", 3, "runs per throughput variant; the median is reported")
 	probes := flag.Int("probes", 200, "latency probes per latency row")
+	emitOnly := flag.Bool("emit-only", false, "run the emit rows only")
 	flag.Parse()
-	if err := run(*scale, *runs, *probes); err != nil {
+	if err := run(*scale, *runs, *probes, *emitOnly); err != nil {
 		fmt.Fprintln(os.Stderr, "outboxtable:", err)
 		os.Exit(1)
 	}
@@ -45,7 +48,7 @@ func median(xs []float64) float64 {
 	return xs[len(xs)/2]
 }
 
-func run(scale float64, runs, probes int) error {
+func run(scale float64, runs, probes int, emitOnly bool) error {
 	ctx := context.Background()
 	url, _, stop, err := bench.Database(ctx)
 	if err != nil {
@@ -73,30 +76,50 @@ func run(scale float64, runs, probes int) error {
 		return err
 	}
 
+	obLog, err := bench.OutboxMode(outbox.LogMode)
+	if err != nil {
+		return err
+	}
+
 	// (a) and (b): runs interleaved, so the machine's changing load falls
 	// on both sides alike; each ratio is the median of the runs' ratios.
 	nEmit, nRelay := int(40000*scale), int(50000*scale)
-	var plain, emit, relay, relayDel, logRelay, writer, emitRatio, relayRatio, relayDelRatio, logRatio []float64
+	type engine = func(ctx context.Context, pool *pgxpool.Pool, n, batch int) (time.Duration, error)
+	emits := []*emitRow{
+		{name: "BatchHandler (batch 500) + one Emit per message (LogMode), against without", plain: bench.Engine(true), emit: bench.EngineEmit(obLog), target: 0.8},
+		{name: "QueueHandler (batch 500) + one EmitQueued per message (LogMode), against without", plain: bench.EngineQueue, emit: bench.EngineQueueEmit(obLog), target: 0.8},
+		{name: "BatchHandler (batch 500) + one Emit per message (TableMode: per-key counter and NOTIFY), against without", plain: bench.Engine(true), emit: bench.EngineEmit(ob)},
+		{name: "QueueHandler (batch 500) + one EmitQueued per message (TableMode), against without", plain: bench.EngineQueue, emit: bench.EngineQueueEmit(ob)},
+	}
+	timed := func(e engine) (float64, error) {
+		if err := bench.ResetOutbox(ctx, pool); err != nil {
+			return 0, err
+		}
+		d, err := e(ctx, pool, nEmit, 500)
+		return float64(nEmit) / d.Seconds(), err
+	}
+	var relay, relayDel, logRelay, writer, relayRatio, relayDelRatio, logRatio []float64
 	for r := 1; r <= runs; r++ {
+		for _, e := range emits {
+			p, err := timed(e.plain)
+			if err != nil {
+				return fmt.Errorf("%s: without: %w", e.name, err)
+			}
+			w, err := timed(e.emit)
+			if err != nil {
+				return fmt.Errorf("%s: %w", e.name, err)
+			}
+			e.plains, e.emits, e.ratios = append(e.plains, p), append(e.emits, w), append(e.ratios, w/p)
+			fmt.Fprintf(os.Stderr, "run %d: %s: %.0f against %.0f msgs/s (%.0f%%)\n", r, e.name, w, p, 100*w/p)
+		}
+		if emitOnly {
+			continue
+		}
 		if err := bench.ResetOutbox(ctx, pool); err != nil {
 			return err
 		}
-		d, err := bench.Engine(true)(ctx, pool, nEmit, 500)
+		d, err := bench.RelayThroughput(ctx, pool, ob, k, topic, nRelay, 0)
 		if err != nil {
-			return fmt.Errorf("BatchHandler: %w", err)
-		}
-		plain = append(plain, float64(nEmit)/d.Seconds())
-		if err := bench.ResetOutbox(ctx, pool); err != nil {
-			return err
-		}
-		if d, err = bench.EngineEmit(ob)(ctx, pool, nEmit, 500); err != nil {
-			return fmt.Errorf("BatchHandler + emit: %w", err)
-		}
-		emit = append(emit, float64(nEmit)/d.Seconds())
-		if err := bench.ResetOutbox(ctx, pool); err != nil {
-			return err
-		}
-		if d, err = bench.RelayThroughput(ctx, pool, ob, k, topic, nRelay, 0); err != nil {
 			return fmt.Errorf("relay: %w", err)
 		}
 		relay = append(relay, float64(nRelay)/d.Seconds())
@@ -114,16 +137,20 @@ func run(scale float64, runs, probes int) error {
 		if err := bench.ResetOutbox(ctx, pool); err != nil {
 			return err
 		}
-		if d, err = bench.LogRelayThroughput(ctx, pool, ob, k, topic, nRelay); err != nil {
+		if d, err = bench.LogRelayThroughput(ctx, pool, obLog, k, topic, nRelay); err != nil {
 			return fmt.Errorf("log relay: %w", err)
 		}
 		logRelay = append(logRelay, float64(nRelay)/d.Seconds())
 		logRatio = append(logRatio, logRelay[r-1]/writer[r-1])
-		emitRatio = append(emitRatio, emit[r-1]/plain[r-1])
 		relayRatio = append(relayRatio, relay[r-1]/writer[r-1])
 		relayDelRatio = append(relayDelRatio, relayDel[r-1]/writer[r-1])
-		fmt.Fprintf(os.Stderr, "run %d: BatchHandler %.0f, + emit %.0f msgs/s; relay %.0f, relay (DeleteOnPublish) %.0f, log relay %.0f, Writer %.0f msgs/s\n",
-			r, plain[r-1], emit[r-1], relay[r-1], relayDel[r-1], logRelay[r-1], writer[r-1])
+		fmt.Fprintf(os.Stderr, "run %d: relay %.0f, relay (DeleteOnPublish) %.0f, log relay %.0f, Writer %.0f msgs/s\n",
+			r, relay[r-1], relayDel[r-1], logRelay[r-1], writer[r-1])
+	}
+	if emitOnly {
+		printHeader(version, runs)
+		printEmits(emits, nEmit)
+		return nil
 	}
 
 	// (c)
@@ -148,7 +175,7 @@ func run(scale float64, runs, probes int) error {
 		}
 		// A row that fails is reported as failed, in the table.
 		if l.log {
-			l.l, l.err = bench.LogCommitToPublish(ctx, pool, ob, k, topic, probes, l.load, l.linger)
+			l.l, l.err = bench.LogCommitToPublish(ctx, pool, obLog, k, topic, probes, l.load, l.linger)
 		} else {
 			l.l, l.err = bench.CommitToPublish(ctx, pool, ob, k, topic, probes, l.load, l.pollOnly)
 		}
@@ -156,13 +183,9 @@ func run(scale float64, runs, probes int) error {
 	}
 
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
-	fmt.Printf("PostgreSQL %s, fsync on, Kafka: kfake in-process, %d CPUs, %s; medians of %d interleaved runs.\n\n",
-		version, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02"), runs)
-	fmt.Println("| benchmark | messages | result | beside it | ratio | target |")
-	fmt.Println("|---|---:|---:|---:|---:|---|")
-	er, rr := median(emitRatio), median(relayRatio)
-	fmt.Printf("| BatchHandler (batch 500) + one emit per message, against without | %d | %.0f msgs/s | %.0f msgs/s | %.0f%% | ≥ 60%% %s |\n",
-		nEmit, median(emit), median(plain), 100*er, mark(er >= 0.6))
+	printHeader(version, runs)
+	printEmits(emits, nEmit)
+	rr := median(relayRatio)
 	fmt.Printf("| relay → Kafka (published rows kept for the Retention), against a plain kafka-go Writer, same messages and topic | %d | %.0f msgs/s | %.0f msgs/s | %.0f%% | ≥ 70%% %s |\n",
 		nRelay, median(relay), median(writer), 100*rr, mark(rr >= 0.7))
 	rd := median(relayDelRatio)
@@ -191,6 +214,33 @@ func run(scale float64, runs, probes int) error {
 		fmt.Printf("| %s | %d | %s | %s | %d | %s |\n", l.name, l.l.Samples, ms(l.l.P50), ms(l.l.P99), l.l.Load, target)
 	}
 	return nil
+}
+
+// emitRow is one emit benchmark: a handler with emits against the same
+// without, and what each run measured.
+type emitRow struct {
+	name                  string
+	plain, emit           func(ctx context.Context, pool *pgxpool.Pool, n, batch int) (time.Duration, error)
+	target                float64 // 0: none
+	plains, emits, ratios []float64
+}
+
+func printHeader(version string, runs int) {
+	fmt.Printf("PostgreSQL %s, fsync on, Kafka: kfake in-process, %d CPUs, %s; medians of %d interleaved runs.\n\n",
+		version, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02"), runs)
+	fmt.Println("| benchmark | messages | result | beside it | ratio | target |")
+	fmt.Println("|---|---:|---:|---:|---:|---|")
+}
+
+func printEmits(emits []*emitRow, n int) {
+	for _, e := range emits {
+		r := median(e.ratios)
+		target := "—"
+		if e.target > 0 {
+			target = fmt.Sprintf("≥ %.0f%% %s", 100*e.target, mark(r >= e.target))
+		}
+		fmt.Printf("| %s | %d | %.0f msgs/s | %.0f msgs/s | %.0f%% | %s |\n", e.name, n, median(e.emits), median(e.plains), 100*r, target)
+	}
 }
 
 func mark(ok bool) string {
