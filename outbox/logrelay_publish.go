@@ -236,14 +236,15 @@ WHERE o.id = x.id AND o.published_at IS NULL`, ids, reasons, values, headers)
 
 // reconcile reads the rows the stream will not deliver again: parked, or
 // parked and then redriven (Outbox.Redrive clears parked_at and keeps
-// last_error), and not published. It publishes, per key in seq order, the
-// redriven rows up to the key's first row still parked, marks them
-// published, and holds the keys that still have a parked row.
+// last_error), and not published. It publishes, per key in seq order
+// (TableMode rows before LogMode rows, as recoverFrom), the redriven rows
+// up to the key's first row still parked, marks them published, and holds
+// the keys that still have a parked row.
 func (r *LogRelay) reconcile(ctx context.Context) error {
 	rs, err := r.pool.Query(ctx, `SELECT id, part, sink, key, seq, msg_id, value, headers, created_at, attempts, parked_at IS NOT NULL
 FROM `+r.t.messages+`
 WHERE published_at IS NULL AND last_error IS NOT NULL
-ORDER BY sink, key, seq, id`)
+ORDER BY sink, key, seq = 0, seq, id`)
 	if err != nil {
 		return fmt.Errorf("outbox: log relay: %w", err)
 	}

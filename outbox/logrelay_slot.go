@@ -150,7 +150,10 @@ var snapshotName = regexp.MustCompile(`^[0-9A-Fa-f-]+$`)
 // reconciliation publishes those). They come per key in seq order, which
 // is commit order, and in id order among rows of one seq (all of a
 // LogMode outbox's rows have seq 0): insertion order, which is commit
-// order but for transactions that emitted to one key at the same time.
+// order but for transactions that emitted to one key at the same time. A
+// key's TableMode rows (seq from 1) come before its LogMode rows: an
+// outbox moving to the log relay switches its emitters from TableMode to
+// LogMode, so the LogMode rows are the newer.
 // It returns how many it published.
 func (r *LogRelay) recoverFrom(ctx context.Context, snapshot string) (int64, error) {
 	if snapshot != "" && !snapshotName.MatchString(snapshot) {
@@ -172,7 +175,7 @@ func (r *LogRelay) recoverFrom(ctx context.Context, snapshot string) (int64, err
 	rows, err := tx.Query(ctx, `SELECT id, part, sink, key, seq, msg_id, value, headers, created_at
 FROM `+r.t.messages+`
 WHERE published_at IS NULL AND parked_at IS NULL AND last_error IS NULL
-ORDER BY part, sink, key, seq, id`, pgx.QueryExecModeExec)
+ORDER BY part, sink, key, seq = 0, seq, id`, pgx.QueryExecModeExec)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: log relay: recover: %w", err)
 	}

@@ -557,3 +557,30 @@ func migratedOutbox(t *testing.T, url string) (*pgxpool.Pool, *Outbox) {
 	}
 	return db, o
 }
+
+// TestLogRelayAfterModeSwitch: an outbox read by the table-polling Relay
+// (TableMode) moves to a LogRelay, its emitters to LogMode, while messages
+// wait. Emitters switched first: a key's newer LogMode rows (seq 0) wait
+// beside its older TableMode rows (seq from 1), and the log relay's first
+// read of the table publishes the older ones first.
+func TestLogRelayAfterModeSwitch(t *testing.T) {
+	db, table := setup(t, Config{Mode: TableMode})
+	logMode, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	emit(t, db, table, msg("a", "a1"), msg("a", "a2"), msg("b", "b1"))
+	emit(t, db, table, msg("a", "a3"))
+	emit(t, db, logMode, msg("a", "a4"), msg("b", "b2"))
+	emit(t, db, logMode, msg("a", "a5"))
+	sink := newMemSink()
+	startLogRelay(t, db, LogRelayConfig{Sinks: map[string]Sink{"s": sink}})
+	got := sink.waitFor(t, time.Minute, "every message", hasIDs("a1", "a2", "a3", "a4", "a5", "b1", "b2"))
+	order := firstOrder(got)
+	if g := strings.Join(order["a"], ","); g != "a1,a2,a3,a4,a5" {
+		t.Fatalf("key a published %s, want a1,a2,a3,a4,a5", g)
+	}
+	if g := strings.Join(order["b"], ","); g != "b1,b2" {
+		t.Fatalf("key b published %s, want b1,b2", g)
+	}
+}
