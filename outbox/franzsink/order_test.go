@@ -37,16 +37,8 @@ func TestRefusedBatchHoldsTheRestOfItsKey(t *testing.T) {
 	if err := sink.Publish(ctx, []outbox.Message{{Key: []byte("warm"), Value: []byte("up"), ID: "warm"}}); err != nil {
 		t.Fatal(err)
 	}
-	id := fake.TopicInfo(topic).TopicID
 	faults := fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.UnknownServerError, Count: 1,
-		When: func(req kmsg.Request) bool {
-			for _, tp := range req.(*kmsg.ProduceRequest).Topics {
-				if tp.Topic == topic || tp.TopicID == id {
-					return true
-				}
-			}
-			return false
-		}})
+		When: sinktest.ProducesTo(fake, topic)})
 	defer faults.Remove()
 	var msgs []outbox.Message
 	for i := range 5000 {

@@ -13,7 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // setup returns a pool on a fresh database with the outbox migrated.
@@ -190,4 +192,23 @@ func publishedIDs(t *testing.T, db *pgxpool.Pool) map[string]bool {
 		out[id] = true
 	}
 	return out
+}
+
+// ProducesTo returns a kfake request predicate that is true for a produce
+// request to topic of fake, which a request names by its name (kafka-go)
+// or by its ID (franz-go, produce v13 and later).
+func ProducesTo(fake *kfake.Cluster, topic string) func(kmsg.Request) bool {
+	id := fake.TopicInfo(topic).TopicID
+	return func(req kmsg.Request) bool {
+		p, ok := req.(*kmsg.ProduceRequest)
+		if !ok {
+			return false
+		}
+		for _, tp := range p.Topics {
+			if tp.Topic == topic || tp.TopicID == id {
+				return true
+			}
+		}
+		return false
+	}
 }

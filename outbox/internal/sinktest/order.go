@@ -62,24 +62,20 @@ func testKeyOrderUnderFailures(t *testing.T, newSink NewSink) {
 	// Every 16th (from the 12th, up to the 200th) the broker holds for
 	// longer than the client's request timeout before appending it: the
 	// client gives up on a request that lands later all the same.
-	// A request names the topic (kafka-go) or its ID (franz-go, produce
-	// v13 and later).
-	id := fake.TopicInfo(topic).TopicID
+	toTopic := ProducesTo(fake, topic)
 	var seq, cur, slept atomic.Int64
 	fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		for _, tp := range req.(*kmsg.ProduceRequest).Topics {
-			if tp.Topic == topic || tp.TopicID == id {
-				n := seq.Add(1)
-				cur.Store(n)
-				if n <= 200 && n%16 == 12 {
-					slept.Add(1)
-					fake.SleepControl(func() { time.Sleep(400 * time.Millisecond) })
-					cur.Store(n)
-				}
-				return nil, nil, false
-			}
+		if !toTopic(req) {
+			cur.Store(0)
+			return nil, nil, false
 		}
-		cur.Store(0)
+		n := seq.Add(1)
+		cur.Store(n)
+		if n <= 200 && n%16 == 12 {
+			slept.Add(1)
+			fake.SleepControl(func() { time.Sleep(400 * time.Millisecond) })
+			cur.Store(n)
+		}
 		return nil, nil, false
 	})
 	fail := func(err *kerr.Error, rem ...int64) kfake.Fault {

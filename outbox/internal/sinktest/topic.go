@@ -52,16 +52,8 @@ func testUnknownTopicFromBroker(t *testing.T, newSink NewSink) {
 	}
 	topic := kafkatest.Name("lagging")
 	CreateTopic(t, k, topic, 2, nil)
-	id := fake.TopicInfo(topic).TopicID
 	faults := fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.UnknownTopicOrPartition, Count: 4,
-		When: func(req kmsg.Request) bool {
-			for _, tp := range req.(*kmsg.ProduceRequest).Topics {
-				if tp.Topic == topic || tp.TopicID == id {
-					return true
-				}
-			}
-			return false
-		}})
+		When: ProducesTo(fake, topic)})
 	defer faults.Remove()
 
 	db, o := setup(t)
