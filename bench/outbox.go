@@ -68,16 +68,7 @@ func ResetOutbox(ctx context.Context, pool *pgxpool.Pool) error {
 // in the batch's transaction with one Emit call (key: the account).
 func EngineEmit(ob *outbox.Outbox) func(ctx context.Context, pool *pgxpool.Pool, n, batch int) (time.Duration, error) {
 	return func(ctx context.Context, pool *pgxpool.Pool, n, batch int) (time.Duration, error) {
-		broker := consumertest.New(consumertest.Config{Lanes: 1})
-		for i := range n {
-			id, _, _, payload := message(i)
-			broker.Publish(0, consumer.Message{ID: id, Value: payload})
-		}
-		strategy, err := idset.New(idset.Config{})
-		if err != nil {
-			return 0, err
-		}
-		cfg := consumer.Config{Name: "bench", Strategy: strategy, BatchSize: batch, Concurrency: 1,
+		cfg := consumer.Config{Name: "bench", BatchSize: batch, Concurrency: 1,
 			BatchHandler: func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
 				ids := make([]string, len(msgs))
 				accounts := make([]string, len(msgs))
@@ -97,7 +88,7 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`, ids, accounts, amou
 				}
 				return ob.Emit(ctx, tx, out...)
 			}}
-		return runEmit(ctx, pool, broker, cfg, n)
+		return runEmit(ctx, pool, cfg, n)
 	}
 }
 
@@ -106,27 +97,29 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`, ids, accounts, amou
 // consumer sends the batch's emits as one INSERT.
 func EngineQueueEmit(ob *outbox.Outbox) func(ctx context.Context, pool *pgxpool.Pool, n, batch int) (time.Duration, error) {
 	return func(ctx context.Context, pool *pgxpool.Pool, n, batch int) (time.Duration, error) {
-		broker := consumertest.New(consumertest.Config{Lanes: 1})
-		for i := range n {
-			id, _, _, payload := message(i)
-			broker.Publish(0, consumer.Message{ID: id, Value: payload})
-		}
-		strategy, err := idset.New(idset.Config{})
-		if err != nil {
-			return 0, err
-		}
-		cfg := consumer.Config{Name: "bench", Strategy: strategy, BatchSize: batch, Concurrency: 1,
+		cfg := consumer.Config{Name: "bench", BatchSize: batch, Concurrency: 1,
 			QueueHandler: consumer.JSONQueue(func(ctx context.Context, q consumer.Queue, m *consumer.Message, t transfer) error {
 				q.Queue(`INSERT INTO ledger (msg_id, account, amount) VALUES ($1, $2, $3)`, t.ID, t.Account, t.Amount)
 				return ob.EmitQueued(q, m, outbox.Message{Sink: OutboxSink, Key: []byte(t.Account), Value: m.Value})
 			})}
-		return runEmit(ctx, pool, broker, cfg, n)
+		return runEmit(ctx, pool, cfg, n)
 	}
 }
 
-// runEmit runs a consumer of cfg until broker is idle, and checks that
-// each of the n inputs left one ledger row and one outbox row.
-func runEmit(ctx context.Context, pool *pgxpool.Pool, broker *consumertest.Broker, cfg consumer.Config, n int) (time.Duration, error) {
+// runEmit runs a consumer of cfg (with the idset strategy) over n inputs
+// until it is idle, and checks that each left one ledger row and one
+// outbox row.
+func runEmit(ctx context.Context, pool *pgxpool.Pool, cfg consumer.Config, n int) (time.Duration, error) {
+	broker := consumertest.New(consumertest.Config{Lanes: 1})
+	for i := range n {
+		id, _, _, payload := message(i)
+		broker.Publish(0, consumer.Message{ID: id, Value: payload})
+	}
+	strategy, err := idset.New(idset.Config{})
+	if err != nil {
+		return 0, err
+	}
+	cfg.Strategy = strategy
 	c, err := consumer.New(pool, broker, cfg)
 	if err != nil {
 		return 0, err
