@@ -53,10 +53,10 @@ func OutboxMode(mode outbox.Mode) (*outbox.Outbox, error) {
 
 // ResetOutbox empties the tables of Reset and the outbox's.
 func ResetOutbox(ctx context.Context, pool *pgxpool.Pool) error {
-	if _, err := pool.Exec(ctx, `TRUNCATE effectively.outbox, effectively.outbox_counters`); err != nil {
+	if _, err := pool.Exec(ctx, `TRUNCATE effectively.outbox, effectively.outbox_counters, effectively.outbox_log`); err != nil {
 		return err
 	}
-	for _, q := range []string{`VACUUM ANALYZE effectively.outbox`, `VACUUM ANALYZE effectively.outbox_counters`} {
+	for _, q := range []string{`VACUUM ANALYZE effectively.outbox`, `VACUUM ANALYZE effectively.outbox_counters`, `VACUUM ANALYZE effectively.outbox_log`} {
 		if _, err := pool.Exec(ctx, q); err != nil {
 			return err
 		}
@@ -129,7 +129,7 @@ func runEmit(ctx context.Context, pool *pgxpool.Pool, cfg consumer.Config, n int
 		return 0, err
 	}
 	var rows, emitted int
-	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM ledger), (SELECT count(*) FROM effectively.outbox)`).Scan(&rows, &emitted); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM ledger), (SELECT count(*) FROM effectively.outbox) + (SELECT coalesce(sum(n), 0) FROM effectively.outbox_log)`).Scan(&rows, &emitted); err != nil {
 		return 0, err
 	}
 	if rows != n || emitted != n {

@@ -21,6 +21,16 @@ type OutboxStats struct {
 	// Slots are the log relays' replication slots, with the problems
 	// "outbox health" would report at its defaults.
 	Slots []OutboxSlot `json:"slots"`
+	// Log counts the log table's rows (LogMode emits).
+	Log OutboxLogStats `json:"log"`
+}
+
+// OutboxLogStats counts the log table's rows, published or not, until a
+// log relay's cleanup empties them.
+type OutboxLogStats struct {
+	Rows             int64   `json:"rows"`
+	Messages         int64   `json:"messages"`
+	OldestRowSeconds float64 `json:"oldest_row_seconds"`
 }
 
 // OutboxSinkStats is one sink's rows.
@@ -160,6 +170,7 @@ which the cleanup keeps small; it only reads.`,
 			l := st.Leases
 			rep := OutboxStats{Table: a.outboxIdent(of), Sinks: []OutboxSinkStats{},
 				Leases: OutboxLeaseStats{Partitions: l.Partitions, Held: l.Held, Relays: l.Relays, Expired: l.Expired, RelaysAlive: l.RelaysAlive}}
+			rep.Log = OutboxLogStats{Rows: st.Log.Rows, Messages: st.Log.Messages, OldestRowSeconds: st.Log.OldestAge.Seconds()}
 			for _, s := range st.Sinks {
 				rep.Sinks = append(rep.Sinks, OutboxSinkStats{Sink: s.Sink, Waiting: s.Waiting,
 					OldestWaitingSeconds: s.OldestWaitingAge.Seconds(), Parked: s.Parked, Published: s.Published})
@@ -190,8 +201,12 @@ which the cleanup keeps small; it only reads.`,
 			}
 			fmt.Fprintf(out, "\nleases: %d of %d partitions held by %d relay(s), %d expired; %d relay(s) alive\n",
 				l.Held, l.Partitions, l.Relays, l.Expired, l.RelaysAlive)
+			if st.Log.Rows > 0 {
+				fmt.Fprintf(out, "\nlog table (LogMode emits, kept published or not until a log relay's cleanup empties them): %d messages in %d rows, the oldest %s old\n",
+					st.Log.Messages, st.Log.Rows, st.Log.OldestAge.Round(time.Millisecond))
+			}
 			if len(rep.Slots) > 0 {
-				fmt.Fprintln(out, "\nlog relay slots (a log relay marks nothing published: WAITING counts its rows until the cleanup deletes them):")
+				fmt.Fprintln(out, "\nlog relay slots (a log relay marks nothing published: WAITING counts its TableMode rows until the cleanup deletes them):")
 				printSlots(out, rep.Slots)
 			}
 			return nil

@@ -16,7 +16,8 @@ import (
 // before writing any, and returns a *MessageError (wrapping ErrInvalid)
 // for the first it refuses.
 //
-// In LogMode (the default) that statement is one multi-row INSERT. In
+// In LogMode (the default) that statement inserts one row of the log
+// table, holding all of msgs (at most 1,048,576 of them). In
 // TableMode, Emit also takes, for every (Sink, Key) it writes to, that
 // key's counter row until tx ends: another transaction emitting to the
 // same key waits for this one, which is what keeps the key's messages in
@@ -32,12 +33,17 @@ func (o *Outbox) Emit(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	}
 	n := len(msgs)
 	var written int64
-	if o.cfg.Mode == TableMode {
+	switch {
+	case o.cfg.Mode == TableMode:
 		err = tx.QueryRow(ctx, o.sql, o.args(&rs)...).Scan(&written)
-	} else {
+	case n > maxLogEmit:
+		return fmt.Errorf("outbox: emit: %d messages in one call, more than %d", n, maxLogEmit)
+	default:
 		var tag pgconn.CommandTag
 		tag, err = tx.Exec(ctx, o.sql, o.args(&rs)...)
-		written = tag.RowsAffected()
+		if written = tag.RowsAffected(); err == nil && written == 1 {
+			written = int64(n) // one log row holds them all
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("outbox: emit: %w", err)
@@ -110,7 +116,7 @@ func (rs *emitRows) append(more *emitRows) {
 // args are the emit statement's arguments for rs.
 func (o *Outbox) args(rs *emitRows) []any {
 	if o.cfg.Mode != TableMode {
-		return []any{rs.parts, rs.sinks, rs.keys, rs.ids, rs.values, rs.headers}
+		return []any{len(rs.ids), encodeLogBody(rs)}
 	}
 	// Each keyed message's place among its key's messages in this call
 	// (from 1), and how many the key has: the statement takes a block of
@@ -142,16 +148,16 @@ func keyOrdinals(sinks []string, keys [][]byte) (ords, counts []int32) {
 	return ords, counts
 }
 
-// emitSQL is the emit statement of mode. In LogMode, one INSERT: the
-// LogRelay orders by commit, and needs neither a counter nor a NOTIFY. In
-// TableMode, the counters give each keyed row its seq, and the NOTIFY
-// (delivered on commit) wakes the Relay.
+// emitSQL is the emit statement of mode. In LogMode, one row of the log
+// table, in its current half, holding every message: the LogRelay orders
+// by commit, and needs neither a counter nor a NOTIFY. In TableMode, the
+// counters give each keyed row its seq, and the NOTIFY (delivered on
+// commit) wakes the Relay.
 func (t tables) emitSQL(mode Mode) string {
 	if mode != TableMode {
-		return `INSERT INTO ` + t.messages + ` (part, sink, key, seq, msg_id, value, headers)
-SELECT part, sink, key, 0, msg_id, value, headers
-FROM unnest($1::int[], $2::text[], $3::bytea[], $4::text[], $5::bytea[], $6::bytea[])
-    AS t(part, sink, key, msg_id, value, headers)`
+		// The half is a scalar subquery: a log_half table emptied by hand
+		// fails the INSERT (half is NOT NULL) instead of inserting nothing.
+		return `INSERT INTO ` + t.log + ` (half, n, body) VALUES ((SELECT half FROM ` + t.logHalf + `), $1, $2)`
 	}
 	return `WITH input AS (
     SELECT * FROM unnest($1::int[], $2::text[], $3::bytea[], $4::text[], $5::bytea[], $6::bytea[], $7::int[], $8::int[])

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/jackc/pgx/v5"
@@ -63,6 +64,9 @@ func (e *queuedEmit) Combine(all []consumer.Combiner) (string, []any, error) {
 			return "", nil, errors.New("outbox: not an emit of the same outbox")
 		}
 		n += len(x.rows.ids)
+	}
+	if e.o.cfg.Mode != TableMode && n > maxLogEmit {
+		return "", nil, fmt.Errorf("outbox: emit: %d messages in one batch, more than %d", n, maxLogEmit)
 	}
 	rs := emitRows{parts: make([]int32, 0, n), sinks: make([]string, 0, n), ids: make([]string, 0, n),
 		keys: make([][]byte, 0, n), values: make([][]byte, 0, n), headers: make([][]byte, 0, n)}

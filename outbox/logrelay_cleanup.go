@@ -2,11 +2,13 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // LogStats is a LogRelay's state and counters since it started.
@@ -30,8 +32,10 @@ type LogStats struct {
 	// found dropped or invalidated. Reconnects counts streams that failed
 	// and were opened again.
 	SlotsCreated, SlotsLost, Reconnects int
-	// Deleted counts the rows the cleanup deleted.
+	// Deleted counts the messages-table rows the cleanup deleted.
 	Deleted int64
+	// Truncated counts the halves of the log table the cleanup emptied.
+	Truncated int
 }
 
 // LogHook is an optional RelayHook extension for a LogRelay, called every
@@ -60,6 +64,7 @@ type watermark struct {
 func (r *LogRelay) cleanupLoop(ctx context.Context) {
 	var w *watermark
 	var from int64
+	rot := rotation{old: -1}
 	clean := time.NewTicker(r.cfg.CleanupInterval)
 	defer clean.Stop()
 	lag := time.NewTicker(r.cfg.LagInterval)
@@ -90,6 +95,9 @@ func (r *LogRelay) cleanupLoop(ctx context.Context) {
 			var err error
 			if w, from, err = r.cleanupStep(ctx, w, from); err != nil && ctx.Err() == nil {
 				r.log.Warn("outbox: log relay: cleanup", "err", err)
+			}
+			if err := r.rotateStep(ctx, &rot); err != nil && ctx.Err() == nil {
+				r.log.Warn("outbox: log relay: log table cleanup", "err", err)
 			}
 		}
 	}
@@ -169,4 +177,98 @@ WHERE id > $1 AND id <= $2 AND (published_at IS NOT NULL OR (parked_at IS NULL A
 		total += tag.RowsAffected()
 	}
 	return total, nil
+}
+
+// rotation is the log table cleanup's state. Emits write to the half
+// log_half names; the cleanup switches it to the other half, waits until
+// every transaction that may have read the old value has ended, notes the
+// WAL insert position then, and truncates the old half once the slot has
+// confirmed that position: every message in it was published or parked
+// (and a parked one copied to the messages table).
+type rotation struct {
+	old   int      // the half to truncate; -1 when none is pending
+	vxids []string // the transactions running when old stopped taking rows
+	lsn   LSN      // 0 while some of vxids run
+}
+
+// rotateStep moves the rotation on as far as it can.
+func (r *LogRelay) rotateStep(ctx context.Context, rot *rotation) error {
+	if rot.old < 0 {
+		var cur int
+		var has [2]bool
+		err := r.pool.QueryRow(ctx, `SELECT (SELECT half FROM `+r.t.logHalf+`),
+    EXISTS (SELECT 1 FROM `+r.t.logParts[0]+`), EXISTS (SELECT 1 FROM `+r.t.logParts[1]+`)`).Scan(&cur, &has[0], &has[1])
+		if err != nil {
+			return err
+		}
+		switch other := 1 - cur; {
+		case has[other]:
+			// Left by a relay that stopped before it truncated it.
+			rot.old = other
+		case has[cur]:
+			tag, err := r.pool.Exec(ctx, `UPDATE `+r.t.logHalf+` SET half = $1 WHERE half = $2`, other, cur)
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() != 1 {
+				return fmt.Errorf("outbox: log relay: %s does not hold one row with half %d", r.t.logHalf, cur)
+			}
+			rot.old = cur
+		default:
+			return nil
+		}
+		// Every transaction running now may have read the old half: each
+		// holds the lock of its own virtual transaction ID, and a prepared
+		// one keeps its locks (with no process) until it is committed.
+		err = r.pool.QueryRow(ctx, `SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') FROM pg_locks
+WHERE granted AND (locktype = 'virtualxid' OR pid IS NULL) AND pid IS DISTINCT FROM pg_backend_pid()`).Scan(&rot.vxids)
+		if err != nil {
+			rot.old = -1
+			return err
+		}
+		rot.lsn = 0
+	}
+	if rot.lsn == 0 {
+		var ended bool
+		var lsn string
+		err := r.pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_locks WHERE virtualtransaction = ANY($1)),
+    pg_current_wal_insert_lsn()::text`, rot.vxids).Scan(&ended, &lsn)
+		if err != nil || !ended {
+			return err
+		}
+		if rot.lsn, err = pglogrepl.ParseLSN(lsn); err != nil {
+			return err
+		}
+	}
+	if uint64(rot.lsn) > r.confirmed.Load() {
+		return nil
+	}
+	if err := r.truncateHalf(ctx, rot.old); err != nil {
+		return err
+	}
+	r.count(func(s *LogStats) { s.Truncated++ })
+	r.log.Debug("outbox: log relay: truncated a half of the log table", "half", rot.old)
+	rot.old, rot.vxids, rot.lsn = -1, nil, 0
+	return nil
+}
+
+// truncateHalf empties half of the log table: TRUNCATE, or DELETE when
+// the relay's role may not truncate it (docs/pipelines.md says what to
+// grant).
+func (r *LogRelay) truncateHalf(ctx context.Context, half int) error {
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `TRUNCATE `+r.t.logParts[half])
+		return err
+	})
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege
+		_, err = r.pool.Exec(ctx, `DELETE FROM `+r.t.logParts[half])
+	}
+	if err != nil {
+		return fmt.Errorf("outbox: log relay: empty half %d of the log table: %w", half, err)
+	}
+	return nil
 }

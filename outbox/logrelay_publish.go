@@ -174,32 +174,27 @@ func (r *LogRelay) parkHeld(ctx context.Context, rows []row) ([]row, error) {
 	return keep, r.park(ctx, park, reasons)
 }
 
-// park writes the parked rows, with their reasons, in one statement,
+// park writes the parked rows, with their reasons, in one transaction,
 // trying again until it succeeds or ctx is done, and holds their keys.
-// (The refusals were logged as they were classified.)
-// last_error is set with park_reason and kept by a redrive, which is how
-// the relay finds redriven rows again (reconcile).
+// (The refusals were logged as they were classified.) A messages-table
+// row is marked parked; a message of the log table is written to the
+// messages table as a parked row (the log table keeps no state, and its
+// half is truncated once confirmed), unless a parked row of it is there
+// already (the stream delivers again what a relay parked and had not
+// confirmed when it stopped). last_error is set with park_reason
+// and kept by a redrive, which is how the relay finds redriven rows again
+// (reconcile).
 func (r *LogRelay) park(ctx context.Context, rows []row, reasons []string) error {
 	if len(rows) == 0 {
 		return nil
 	}
-	ids := make([]int64, len(rows))
-	for i, x := range rows {
-		ids[i] = x.id
+	for _, x := range rows {
 		if x.msg.Key != nil {
 			r.held[heldKey(&x.msg)] = true
 		}
 	}
 	for attempt := 1; ; attempt++ {
-		var err error
-		if r.cfg.Redact == nil {
-			_, err = r.pool.Exec(ctx, `UPDATE `+r.t.messages+` o
-SET parked_at = now(), park_reason = x.reason, last_error = x.reason, attempts = o.attempts + 1
-FROM unnest($1::bigint[], $2::text[]) AS x(id, reason)
-WHERE o.id = x.id AND o.published_at IS NULL`, ids, reasons)
-		} else {
-			err = r.parkRedacted(ctx, rows, ids, reasons)
-		}
+		err := r.parkOnce(ctx, rows, reasons)
 		if err == nil {
 			r.count(func(s *LogStats) { s.Parked += int64(len(rows)) })
 			return nil
@@ -213,25 +208,72 @@ WHERE o.id = x.id AND o.published_at IS NULL`, ids, reasons)
 	}
 }
 
-// parkRedacted parks rows as park does, each keeping what Redact makes of
-// its message, in one statement; nothing is parked when Redact fails on
-// one of them.
-func (r *LogRelay) parkRedacted(ctx context.Context, rows []row, ids []int64, reasons []string) error {
-	values, headers := make([][]byte, len(rows)), make([][]byte, len(rows))
-	for i, x := range rows {
-		red, err := redactParked(r.cfg.Redact, x.msg)
-		if err != nil {
-			r.log.Error("outbox: log relay: Redact failed on a message to park; nothing parked, trying again (fix Redact)", "sink", x.msg.Sink, "id", x.msg.ID, "err", err)
-			return err
-		}
-		values[i], headers[i] = red.value, red.headers
+// parkOnce parks rows, each keeping what Redact makes of its message when
+// Redact is set; nothing is parked when Redact fails on one of them.
+func (r *LogRelay) parkOnce(ctx context.Context, rows []row, reasons []string) error {
+	var upd, ins struct {
+		ids, attempts   []int64
+		parts           []int32
+		sinks, msgIDs   []string
+		reasons         []string
+		keys            [][]byte
+		values, headers [][]byte
+		created         []time.Time
 	}
-	_, err := r.pool.Exec(ctx, `UPDATE `+r.t.messages+` o
-SET parked_at = now(), park_reason = x.reason, last_error = x.reason, attempts = o.attempts + 1,
-    value = x.value, headers = x.headers
+	for i, x := range rows {
+		value, headers := x.msg.Value, encodeHeaders(x.msg.Headers)
+		if r.cfg.Redact != nil {
+			red, err := redactParked(r.cfg.Redact, x.msg)
+			if err != nil {
+				r.log.Error("outbox: log relay: Redact failed on a message to park; nothing parked, trying again (fix Redact)", "sink", x.msg.Sink, "id", x.msg.ID, "err", err)
+				return err
+			}
+			value, headers = red.value, red.headers
+		}
+		to := &upd
+		if x.id < 0 {
+			to = &ins
+		}
+		to.ids = append(to.ids, x.id)
+		to.attempts = append(to.attempts, int64(x.attempts)+1)
+		to.parts = append(to.parts, x.part)
+		to.sinks = append(to.sinks, x.msg.Sink)
+		to.msgIDs = append(to.msgIDs, x.msg.ID)
+		to.reasons = append(to.reasons, reasons[i])
+		to.keys = append(to.keys, x.msg.Key)
+		to.values = append(to.values, value)
+		to.headers = append(to.headers, headers)
+		to.created = append(to.created, x.created)
+	}
+	return pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		if len(upd.ids) > 0 {
+			set := ``
+			if r.cfg.Redact != nil {
+				set = `, value = x.value, headers = x.headers`
+			}
+			if _, err := tx.Exec(ctx, `UPDATE `+r.t.messages+` o
+SET parked_at = now(), park_reason = x.reason, last_error = x.reason, attempts = o.attempts + 1`+set+`
 FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::bytea[]) AS x(id, reason, value, headers)
-WHERE o.id = x.id AND o.published_at IS NULL`, ids, reasons, values, headers)
-	return err
+WHERE o.id = x.id AND o.published_at IS NULL`, upd.ids, upd.reasons, upd.values, upd.headers); err != nil {
+				return err
+			}
+		}
+		if len(ins.ids) > 0 {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+r.t.messages+`
+    (part, sink, key, seq, msg_id, value, headers, created_at, attempts, parked_at, park_reason, last_error)
+SELECT part, sink, key, 0, msg_id, value, headers, created, attempts, now(), reason, reason
+FROM unnest($1::int[], $2::text[], $3::bytea[], $4::text[], $5::bytea[], $6::bytea[], $7::timestamptz[], $8::bigint[], $9::text[])
+    WITH ORDINALITY AS x(part, sink, key, msg_id, value, headers, created, attempts, reason, ord)
+WHERE NOT EXISTS (
+    SELECT 1 FROM `+r.t.messages+` m
+    WHERE m.published_at IS NULL AND m.last_error IS NOT NULL AND m.sink = x.sink
+      AND (m.key = x.key OR m.key IS NULL AND x.key IS NULL) AND m.msg_id = x.msg_id)
+ORDER BY ord`, ins.parts, ins.sinks, ins.keys, ins.msgIDs, ins.values, ins.headers, ins.created, ins.attempts, ins.reasons); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // reconcile reads the rows the stream will not deliver again: parked, or

@@ -6,25 +6,38 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// ensurePublication creates the publication of the outbox's inserts when
-// it does not exist. Creating it needs ownership of the table; a DBA may
-// create it beforehand instead (docs/pipelines.md).
+// ensurePublication creates the publication of the outbox's inserts (the
+// messages table and the log table) when it does not exist, and adds the
+// log table to one that lacks it (made before the log table existed).
+// Either needs ownership of the tables; a DBA may create the publication
+// beforehand instead (docs/pipelines.md).
 func (r *LogRelay) ensurePublication(ctx context.Context) error {
-	var exists bool
-	if err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, r.cfg.Publication).Scan(&exists); err != nil {
+	var hasLog bool
+	err := r.pool.QueryRow(ctx, `SELECT p.puballtables OR EXISTS (
+    SELECT 1 FROM pg_publication_rel pr WHERE pr.prpubid = p.oid AND pr.prrelid = $2::regclass)
+FROM pg_publication p WHERE p.pubname = $1`, r.cfg.Publication, r.t.log).Scan(&hasLog)
+	name := pgx.Identifier{r.cfg.Publication}.Sanitize()
+	switch {
+	case err == nil && hasLog:
+		return nil
+	case err == nil:
+		if _, err := r.pool.Exec(ctx, `ALTER PUBLICATION `+name+` ADD TABLE `+r.t.log); err != nil {
+			return fmt.Errorf("outbox: log relay: add the log table %s to publication %s: %w", r.t.log, r.cfg.Publication, err)
+		}
+		r.log.Info("outbox: added the log table to the publication", "publication", r.cfg.Publication, "table", r.t.log)
+		return nil
+	case !errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("outbox: log relay: publication: %w", err)
 	}
-	if exists {
-		return nil
-	}
-	_, err := r.pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{r.cfg.Publication}.Sanitize()+
-		` FOR TABLE `+r.t.messages+` WITH (publish = 'insert')`)
+	_, err = r.pool.Exec(ctx, `CREATE PUBLICATION `+name+
+		` FOR TABLE `+r.t.messages+`, `+r.t.log+` WITH (publish = 'insert')`)
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "42710" { // created meanwhile by another relay
 		return nil
@@ -145,13 +158,17 @@ var snapshotName = regexp.MustCompile(`^[0-9A-Fa-f-]+$`)
 
 // recoverFrom publishes, in the snapshot the new slot exported (every
 // transaction before its consistent point, none after) or, with none, in
-// a snapshot of now, the rows waiting
-// for the log relay: not published, not parked, not redriven (the
-// reconciliation publishes those). They come per key in seq order, which
-// is commit order, and in id order among rows of one seq (all of a
-// LogMode outbox's rows have seq 0): insertion order, which is commit
-// order but for transactions that emitted to one key at the same time. A
-// key's TableMode rows (seq from 1) come before its LogMode rows: an
+// a snapshot of now, the messages waiting for the log relay: first the
+// messages table's rows not published, not parked, not redriven (the
+// reconciliation publishes those), then every message of the log table's
+// rows (the cleanup truncates a half only once the slot confirmed it, so
+// what it holds is everything not known published). The messages table's
+// rows come per key in seq order, which is commit order, and in id order
+// among rows of one seq (rows of seq 0 were written by LogMode emits of
+// an earlier version): insertion order, which is commit order but for
+// transactions that emitted to one key at the same time; so do the log
+// table's rows. A key's messages-table rows come before its log-table
+// ones, and its TableMode rows (seq from 1) before its seq-0 rows: an
 // outbox moving to the log relay switches its emitters from TableMode to
 // LogMode, so the LogMode rows are the newer.
 // It returns how many it published.
@@ -211,6 +228,39 @@ ORDER BY part, sink, key, seq = 0, seq, id`, pgx.QueryExecModeExec)
 		}
 	}
 	if err := rows.Err(); err != nil {
+		return total, fmt.Errorf("outbox: log relay: recover: %w", err)
+	}
+	rows.Close()
+	if err := flush(); err != nil {
+		return total, err
+	}
+	// Then the log table's rows, in id order: each holds one LogMode
+	// emit's messages. A key's messages-table rows (TableMode) come first:
+	// the LogMode ones are the newer.
+	logRows, err := tx.Query(ctx, `SELECT id, body, created_at FROM `+r.t.log+` ORDER BY id`, pgx.QueryExecModeExec)
+	if err != nil {
+		return total, fmt.Errorf("outbox: log relay: recover: %w", err)
+	}
+	defer logRows.Close()
+	for logRows.Next() {
+		var id int64
+		var body []byte
+		var created time.Time
+		if err := logRows.Scan(&id, &body, &created); err != nil {
+			return total, fmt.Errorf("outbox: log relay: recover: %w", err)
+		}
+		xs, err := decodeLogBody(id, created, body)
+		if err != nil {
+			return total, fmt.Errorf("outbox: log relay: recover: %w", err)
+		}
+		buf = append(buf, xs...)
+		if len(buf) >= r.cfg.BatchSize {
+			if err := flush(); err != nil {
+				return total, err
+			}
+		}
+	}
+	if err := logRows.Err(); err != nil {
 		return total, fmt.Errorf("outbox: log relay: recover: %w", err)
 	}
 	if err := flush(); err != nil {

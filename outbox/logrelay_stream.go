@@ -49,8 +49,7 @@ func (r *LogRelay) stream(ctx context.Context, conn *pgconn.PgConn) error {
 		}
 		return pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: lsn})
 	}
-	var dec decoder
-	dec.schema, dec.table = r.cfg.Schema, r.cfg.Table
+	dec := decoder{schema: r.cfg.Schema, table: r.cfg.Table, logNames: r.t.logNames}
 	var cur *logTxn
 	nextStatus := time.Now().Add(r.cfg.StatusInterval)
 	for {
@@ -133,6 +132,14 @@ func (r *LogRelay) stream(ctx context.Context, conn *pgconn.PgConn) error {
 				if cur == nil {
 					return errors.New("outbox: log relay: an insert outside a transaction")
 				}
+				if lc, ok := dec.logRels[m.RelationID]; ok {
+					xs, err := lc.rows(m, cur.at)
+					if err != nil {
+						return err
+					}
+					cur.rows = append(cur.rows, xs...)
+					continue
+				}
 				x, ok, err := dec.insert(m)
 				if err != nil {
 					return err
@@ -202,15 +209,60 @@ func (r *LogRelay) finalStatus(conn *pgconn.PgConn) error {
 	return nil
 }
 
-// decoder turns pgoutput's insert messages of the outbox table into rows.
+// decoder turns pgoutput's insert messages of the outbox table, and of the
+// log table, into rows.
 type decoder struct {
 	schema, table string
-	rel           uint32 // the outbox's relation ID, once announced
-	cols          struct{ id, part, sink, key, seq, msgID, value, headers int }
+	logNames      [3]string // the log table and its halves
+	rel           uint32    // the outbox's relation ID, once announced
+	cols          struct{ id, part, sink, key, seq, msgID, value, headers, lastError int }
+	logRels       map[uint32]logCols // the log table's relations (its halves, or itself via the root)
+}
+
+// logCols are the columns of a log table relation.
+type logCols struct{ id, body int }
+
+// rows decodes one inserted log row into its messages.
+func (c logCols) rows(m *pglogrepl.InsertMessage, at time.Time) ([]row, error) {
+	cols := m.Tuple.Columns
+	if len(cols) <= max(c.id, c.body) {
+		return nil, errors.New("outbox: log relay: a log row with too few columns")
+	}
+	id, err := intCol(cols[c.id])
+	if err != nil {
+		return nil, fmt.Errorf("outbox: log relay: log column id: %w", err)
+	}
+	body, err := byteaCol(cols[c.body])
+	if err != nil {
+		return nil, fmt.Errorf("outbox: log relay: log column body: %w", err)
+	}
+	return decodeLogBody(id, at, body)
 }
 
 func (d *decoder) relation(m *pglogrepl.RelationMessage) error {
-	if m.Namespace != d.schema || m.RelationName != d.table {
+	if m.Namespace != d.schema {
+		return nil
+	}
+	if m.RelationName == d.logNames[0] || m.RelationName == d.logNames[1] || m.RelationName == d.logNames[2] {
+		c := logCols{id: -1, body: -1}
+		for i, col := range m.Columns {
+			switch col.Name {
+			case "id":
+				c.id = i
+			case "body":
+				c.body = i
+			}
+		}
+		if c.id < 0 || c.body < 0 {
+			return fmt.Errorf("outbox: log relay: the log table %s has no id or body column", m.RelationName)
+		}
+		if d.logRels == nil {
+			d.logRels = map[uint32]logCols{}
+		}
+		d.logRels[m.RelationID] = c
+		return nil
+	}
+	if m.RelationName != d.table {
 		return nil
 	}
 	idx := map[string]int{}
@@ -229,7 +281,7 @@ func (d *decoder) relation(m *pglogrepl.RelationMessage) error {
 		p    *int
 		name string
 	}{{&d.cols.id, "id"}, {&d.cols.part, "part"}, {&d.cols.sink, "sink"}, {&d.cols.key, "key"}, {&d.cols.seq, "seq"},
-		{&d.cols.msgID, "msg_id"}, {&d.cols.value, "value"}, {&d.cols.headers, "headers"}} {
+		{&d.cols.msgID, "msg_id"}, {&d.cols.value, "value"}, {&d.cols.headers, "headers"}, {&d.cols.lastError, "last_error"}} {
 		if *f.p, err = get(f.name); err != nil {
 			return err
 		}
@@ -238,14 +290,20 @@ func (d *decoder) relation(m *pglogrepl.RelationMessage) error {
 	return nil
 }
 
-// insert decodes one inserted row; ok is false for another table's.
+// insert decodes one inserted row; ok is false for another table's, and
+// for a parked row.
 func (d *decoder) insert(m *pglogrepl.InsertMessage) (x row, ok bool, err error) {
 	if d.rel == 0 || m.RelationID != d.rel {
 		return row{}, false, nil
 	}
 	cols := m.Tuple.Columns
-	if len(cols) <= max(d.cols.id, d.cols.part, d.cols.sink, d.cols.key, d.cols.seq, d.cols.msgID, d.cols.value, d.cols.headers) {
+	if len(cols) <= max(d.cols.id, d.cols.part, d.cols.sink, d.cols.key, d.cols.seq, d.cols.msgID, d.cols.value, d.cols.headers, d.cols.lastError) {
 		return row{}, false, errors.New("outbox: log relay: an insert with too few columns")
+	}
+	if cols[d.cols.lastError].DataType != pglogrepl.TupleDataTypeNull {
+		// A parked row, written by a log relay for a message of the log
+		// table it parked: not a message emitted.
+		return row{}, false, nil
 	}
 	fail := func(col string, err error) (row, bool, error) {
 		return row{}, false, fmt.Errorf("outbox: log relay: column %s: %w", col, err)

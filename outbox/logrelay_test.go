@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -290,24 +291,48 @@ func TestLogRelayParkAndRedrive(t *testing.T) {
 	}
 }
 
-// TestLogRelayCleanup: the cleanup deletes the rows the slot confirmed,
-// in id ranges, and keeps the parked ones.
+// TestLogRelayCleanup: the cleanup empties a half of the log table once
+// the slot confirmed it, turn by turn, deletes the messages table's rows
+// (TableMode) the slot confirmed, in id ranges, and keeps the parked ones,
+// a parked LogMode message among them; nothing is lost across the turns.
 func TestLogRelayCleanup(t *testing.T) {
 	db, o := setup(t, Config{})
+	tm, err := New(Config{Mode: TableMode})
+	if err != nil {
+		t.Fatal(err)
+	}
 	sink := newMemSink()
 	sink.refuse["p"] = Permanent(errors.New("no"))
 	r, _ := startLogRelay(t, db, LogRelayConfig{Sinks: map[string]Sink{"s": sink}, CleanupInterval: 50 * time.Millisecond, CleanupBatch: 3})
 	waitActive(t, r)
 	var all []Message
-	for i := range 10 {
-		all = append(all, msg(fmt.Sprint("k", i%4), fmt.Sprint("m", i)))
+	for round := range 3 {
+		var logMsgs, tableMsgs []Message
+		for i := range 10 {
+			logMsgs = append(logMsgs, msg(fmt.Sprint("k", i%4), fmt.Sprint("m", round, "-", i)))
+			tableMsgs = append(tableMsgs, msg(fmt.Sprint("t", i%4), fmt.Sprint("t", round, "-", i)))
+		}
+		if round == 0 {
+			logMsgs = append(logMsgs, msg("z", "p"))
+		}
+		emit(t, db, o, logMsgs...)
+		emit(t, db, tm, tableMsgs...)
+		all = append(append(all, logMsgs...), tableMsgs...)
+		want := ids(all)
+		want = slices.DeleteFunc(want, func(id string) bool { return id == "p" })
+		sink.waitFor(t, time.Minute, "every message", hasIDs(want...))
+		// Both halves are emptied in turn: the one emitted to, after the
+		// switch, and the other before the next.
+		waitRows(t, db, time.Minute, 0, `SELECT count(*) FROM effectively.outbox_log`)
+		waitUntil(t, time.Minute, "a truncation per round", func() bool { return r.Stats().Truncated >= round+1 })
 	}
-	emit(t, db, o, append(all, msg("z", "p"))...)
-	sink.waitFor(t, time.Minute, "every message", hasIDs(ids(all)...))
 	waitRows(t, db, time.Minute, 1, `SELECT count(*) FROM effectively.outbox`)
-	waitRows(t, db, time.Minute, 1, `SELECT count(*) FROM effectively.outbox WHERE msg_id = 'p' AND parked_at IS NOT NULL`)
-	if st := r.Stats(); st.Deleted != 10 || st.Published != 10 || st.Parked != 1 {
+	waitRows(t, db, time.Minute, 1, `SELECT count(*) FROM effectively.outbox WHERE msg_id = 'p' AND parked_at IS NOT NULL AND key = 'z'`)
+	if st := r.Stats(); st.Deleted != 30 || st.Published != 60 || st.Parked != 1 {
 		t.Fatalf("stats %+v", st)
+	}
+	if got := len(sink.messages()); got != 60 {
+		t.Fatalf("the sink got %d messages, want each of the 60 once", got)
 	}
 }
 
@@ -526,7 +551,7 @@ func TestLogRelayNeedsReplication(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The owner creates the publication; the relay's role may not.
-	if _, err := db.Exec(ctx, `CREATE PUBLICATION `+r.cfg.Publication+` FOR TABLE effectively.outbox WITH (publish = 'insert')`); err != nil {
+	if _, err := db.Exec(ctx, `CREATE PUBLICATION `+r.cfg.Publication+` FOR TABLE effectively.outbox, effectively.outbox_log WITH (publish = 'insert')`); err != nil {
 		t.Fatal(err)
 	}
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -582,5 +607,29 @@ func TestLogRelayAfterModeSwitch(t *testing.T) {
 	}
 	if g := strings.Join(order["b"], ","); g != "b1,b2" {
 		t.Fatalf("key b published %s, want b1,b2", g)
+	}
+}
+
+// TestLogRelayAddsTheLogTable: a publication made before the log table
+// existed (of the messages table alone) gets the log table added, so a
+// LogMode emit is published, not left unread in the log table.
+func TestLogRelayAddsTheLogTable(t *testing.T) {
+	db, o := setup(t, Config{})
+	ctx := context.Background()
+	sink := newMemSink()
+	cfg := LogRelayConfig{Sinks: map[string]Sink{"s": sink}}
+	if err := cfg.defaults(db.Config().ConnConfig.Database); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `CREATE PUBLICATION `+cfg.Publication+` FOR TABLE effectively.outbox WITH (publish = 'insert')`); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := startLogRelay(t, db, LogRelayConfig{Sinks: map[string]Sink{"s": sink}})
+	waitActive(t, r)
+	emit(t, db, o, msg("a", "a1"), msg("a", "a2"))
+	sink.waitFor(t, time.Minute, "a1, a2", hasIDs("a1", "a2"))
+	var n int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM pg_publication_tables WHERE pubname = $1`, cfg.Publication).Scan(&n); err != nil || n < 2 {
+		t.Fatalf("the publication lists %d tables (%v), want the outbox and the log table", n, err)
 	}
 }

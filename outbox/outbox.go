@@ -32,8 +32,9 @@ type Config struct {
 	// Schema holds the outbox's tables. Defaults to DefaultSchema.
 	Schema string
 	// Table is the messages table; the other tables take it as a prefix
-	// (Table_counters, Table_leases, Table_relays, Table_slots). Defaults to
-	// DefaultTable.
+	// (Table_counters, Table_leases, Table_relays, Table_slots, and the log
+	// table Table_log with Table_log_0, Table_log_1 and Table_log_half).
+	// Defaults to DefaultTable.
 	Table string
 	// Sinks, when set, lists the sink names Emit accepts, so that a typo
 	// fails at Emit instead of parking at the relay. Defaults to accepting
@@ -57,8 +58,10 @@ type Mode int
 const (
 	// LogMode is for an outbox read by LogRelay, which receives committed
 	// transactions from the WAL in commit order: Emit writes its messages
-	// with one INSERT and nothing else. The table-polling Relay cannot
-	// order the keyed messages of a LogMode outbox and parks them.
+	// as one row of the log table, whatever their number, and nothing else.
+	// The table-polling Relay cannot order the keyed messages of a LogMode
+	// outbox: it moves them to the messages table and parks them
+	// (ErrUnordered).
 	LogMode Mode = iota
 	// TableMode is for an outbox read by the table-polling Relay (no
 	// logical decoding, or connections through PgBouncer). Emit also takes
@@ -91,8 +94,13 @@ type Outbox struct {
 
 type tables struct {
 	messages, counters, leases, relays, slots string // quoted, schema-qualified
+	log, logHalf                              string // the log table (LogMode) and its current half
+	logParts                                  [2]string
 	channel                                   string // raw channel name
 	line                                      dedupe.Line
+	// logNames are the log table's unquoted names (its halves too): what
+	// the replication stream names its relations.
+	logNames [3]string
 }
 
 func newTables(schema, table string) tables {
@@ -104,17 +112,25 @@ func newTables(schema, table string) tables {
 		leases:   q(table + "_leases"),
 		relays:   q(table + "_relays"),
 		slots:    q(table + "_slots"),
+		log:      q(table + "_log"),
+		logHalf:  q(table + "_log_half"),
+		logParts: [2]string{q(table + "_log_0"), q(table + "_log_1")},
+		logNames: [3]string{table + "_log", table + "_log_0", table + "_log_1"},
 		channel:  channel(schema, table),
 		line: dedupe.Line{
 			Name: "outbox:" + table,
 			FS:   sub,
 			Idents: map[string]string{
-				"schema":   schema,
-				"messages": table,
-				"counters": table + "_counters",
-				"leases":   table + "_leases",
-				"relays":   table + "_relays",
-				"slots":    table + "_slots",
+				"schema":     schema,
+				"messages":   table,
+				"counters":   table + "_counters",
+				"leases":     table + "_leases",
+				"relays":     table + "_relays",
+				"slots":      table + "_slots",
+				"log":        table + "_log",
+				"log_first":  table + "_log_0",
+				"log_second": table + "_log_1",
+				"log_half":   table + "_log_half",
 			},
 		},
 	}

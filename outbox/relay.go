@@ -237,7 +237,7 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	poll := time.NewTimer(0)
 	defer poll.Stop()
-	var nextLease, nextCleanup, nextBacklog time.Time
+	var nextLease, nextCleanup, nextBacklog, nextAdopt time.Time
 	failures := 0
 	for {
 		if ctx.Err() != nil {
@@ -271,6 +271,12 @@ func (r *Relay) Run(ctx context.Context) error {
 				r.log.Warn("outbox: backlog", "err", err)
 			}
 			nextBacklog = time.Now().Add(r.cfg.BacklogInterval)
+		}
+		if !time.Now().Before(nextAdopt) {
+			if _, err := r.adoptLog(ctx); err != nil && ctx.Err() == nil {
+				r.log.Warn("outbox: relay", "owner", r.owner, "err", err)
+			}
+			nextAdopt = time.Now().Add(r.cfg.PollInterval)
 		}
 		_, more, err := r.pass(ctx)
 		if errors.Is(err, errCrash) {

@@ -289,8 +289,9 @@ func (c *countingSink) Publish(ctx context.Context, msgs []Message) error {
 
 // TestRelayParksLogModeRows: the table-polling relay cannot order the
 // keyed messages of a LogMode outbox (no counter numbered them), so it
-// parks them with the reason instead of publishing them out of order;
-// messages without a key, which have no order, go out.
+// moves them from the log table and parks them with the reason instead of
+// publishing them out of order; messages without a key, which have no
+// order, go out.
 func TestRelayParksLogModeRows(t *testing.T) {
 	db, o := setup(t, Config{})
 	emit(t, db, o, msg("a", "a1"), Message{Sink: "s", Value: []byte("loose"), ID: "loose"})
@@ -305,4 +306,5 @@ func TestRelayParksLogModeRows(t *testing.T) {
 	if hasIDs("a1")(sink.messages()) {
 		t.Fatal("a1 was published")
 	}
+	waitRows(t, db, time.Minute, 0, `SELECT count(*) FROM effectively.outbox_log`)
 }

@@ -249,3 +249,49 @@ func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() boo
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// emitted returns the messages the outbox holds, oldest first: its
+// messages table's rows, then the messages of its log table's rows
+// (LogMode emits).
+func emitted(t *testing.T, db *pgxpool.Pool) []Message {
+	t.Helper()
+	ctx := context.Background()
+	var out []Message
+	rows, err := db.Query(ctx, `SELECT sink, key, msg_id, value FROM effectively.outbox ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var m Message
+		if err := rows.Scan(&m.Sink, &m.Key, &m.ID, &m.Value); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	rows, err = db.Query(ctx, `SELECT id, body FROM effectively.outbox_log ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var body []byte
+		if err := rows.Scan(&id, &body); err != nil {
+			t.Fatal(err)
+		}
+		xs, err := decodeLogBody(id, time.Time{}, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range xs {
+			out = append(out, x.msg)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}

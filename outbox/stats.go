@@ -16,6 +16,22 @@ type Stats struct {
 	// Sinks has one entry per sink with rows in the table, by name.
 	Sinks  []SinkStats
 	Leases LeaseStats
+	// Log counts what LogMode emits wrote to the log table.
+	Log LogTableStats
+}
+
+// LogTableStats counts the log table's rows: LogMode emits, one row each,
+// kept (published or not) until a LogRelay's cleanup empties their half
+// once its slot has confirmed them. How far a relay has published is its
+// slot's confirmed position (Outbox.Slots, LogRelay.Stats).
+type LogTableStats struct {
+	// Rows counts the emits and Messages their messages.
+	Rows, Messages int64
+	// OldestAge is the age of the oldest row, measured by the database's
+	// clock; 0 when there is none. A value growing past a few cleanup
+	// intervals means no log relay empties the table (none runs, its slot
+	// is behind, or a transaction open since then holds the cleanup).
+	OldestAge time.Duration
 }
 
 // SinkStats counts one sink's rows.
@@ -52,10 +68,10 @@ type LeaseStats struct {
 	RelaysAlive int
 }
 
-// Stats reads the outbox's counts in two statements. The per-sink counts
-// read the whole messages table: cheap while the cleanup keeps it small,
-// slower on a table that holds a long retention of published rows; it
-// only reads.
+// Stats reads the outbox's counts in three statements. The per-sink
+// counts read the whole messages table, and the log table's counts the
+// whole log table: cheap while the cleanups keep them small, slower on a
+// table that holds a long retention of published rows; it only reads.
 func (o *Outbox) Stats(ctx context.Context, db dedupe.DB) (Stats, error) {
 	var st Stats
 	rows, err := db.Query(ctx, `SELECT sink,
@@ -80,6 +96,13 @@ FROM `+o.t.messages+` GROUP BY sink ORDER BY sink`)
 	if err := rows.Err(); err != nil {
 		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
 	}
+	var logAge float64
+	if err := db.QueryRow(ctx, `SELECT count(*), coalesce(sum(n), 0),
+    coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+FROM `+o.t.log).Scan(&st.Log.Rows, &st.Log.Messages, &logAge); err != nil {
+		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
+	}
+	st.Log.OldestAge = time.Duration(math.Max(logAge, 0) * float64(time.Second))
 	l := &st.Leases
 	err = db.QueryRow(ctx, `SELECT count(*),
     count(*) FILTER (WHERE expires_at > now()),

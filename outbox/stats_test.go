@@ -118,3 +118,22 @@ func TestStatsRows(t *testing.T) {
 		}
 	}
 }
+
+// TestStatsLogTable: LogMode emits are counted in Stats.Log, rows and
+// messages, with the oldest row's age.
+func TestStatsLogTable(t *testing.T) {
+	db, o := setup(t, Config{})
+	ctx := context.Background()
+	emit(t, db, o, msg("a", "a1"), msg("a", "a2"), msg("b", "b1"))
+	emit(t, db, o, msg("a", "a3"))
+	if _, err := db.Exec(ctx, `UPDATE `+o.t.log+` SET created_at = now() - interval '1 hour' WHERE n = 3`); err != nil {
+		t.Fatal(err)
+	}
+	st, err := o.Stats(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Log.Rows != 2 || st.Log.Messages != 4 || st.Log.OldestAge < time.Hour || st.Log.OldestAge > 2*time.Hour || len(st.Sinks) != 0 {
+		t.Fatalf("stats %+v; want 4 messages in 2 log rows, the oldest an hour old, none in the messages table", st)
+	}
+}
