@@ -532,11 +532,14 @@ LEFT JOIN effectively.outbox o ON o.msg_id = a.msg_id`, missing, accounts).Scan(
 		return
 	}
 	sort.Strings(keys)
-	t.Logf("stall report: stage B lacks %d inputs (first: %v): %d not applied at stage A, %d in the outbox, %d applied at stage A and no longer in the outbox; their keys: %v",
+	t.Logf("stall report: stage B lacks %d inputs (first: %v): %d not applied at stage A, %d in the outbox's messages table, %d applied at stage A and not in it (published, or in the log table); their keys: %v",
 		len(missing), missing[:min(len(missing), 5)], notA, waiting, gone, keys)
 	for _, q := range []string{
 		`SELECT group_id, topic, partition, next_offset, high_offset, generation, updated_at FROM effectively.kafka_offsets ORDER BY 1, 2, 3`,
 		`SELECT slot_name, active, confirmed_flush_lsn, pg_current_wal_lsn() FROM pg_replication_slots`,
+		// LogMode emits wait in the log table (not counted above).
+		`SELECT half, count(*), coalesce(sum(n), 0), min(created_at) FROM effectively.outbox_log GROUP BY half`,
+		`SELECT half FROM effectively.outbox_log_half`,
 		`SELECT application_name, state, backend_start FROM pg_stat_activity WHERE datname = current_database() AND application_name <> '' ORDER BY 1`,
 	} {
 		rows, err := db.Query(ctx, q)

@@ -149,6 +149,8 @@ type RowFilter struct {
 }
 
 // Rows lists parked rows, or waiting ones, oldest first, for operators.
+// The waiting ones are the messages table's: messages of LogMode emits
+// wait in the log table, as one row per emit, which Stats.Log counts.
 func (o *Outbox) Rows(ctx context.Context, db dedupe.DB, f RowFilter) ([]Row, error) {
 	state := `parked_at IS NOT NULL`
 	if f.Waiting {
