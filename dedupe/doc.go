@@ -63,6 +63,10 @@
 //   - Inspector (idset, highwater, bloom): MarkerStats and SweepExpired,
 //     through which the CLI's stats and sweep commands describe and sweep
 //     any strategy without reading its tables.
+//   - StatsReporter (highwater: its cache and gaps; bloom: its filters and
+//     probes): ReportStats returns the strategy's in-memory counters and
+//     gauges by name, which metrics/effprom's StrategyMetrics exports for
+//     any strategy that has them, without importing the strategy.
 //
 // dedupetest checks every one of these that a strategy implements.
 //

@@ -54,9 +54,9 @@ func (v Verdict) String() string {
 // A Strategy is safe for concurrent use by several transactions.
 //
 // The optional interfaces that follow (KeyChecker, Sequencer, Committer,
-// Retainer, Migrator, Maintainer, Warmer) and Inspector add to it; the
-// package documentation lists who implements each and what the consumer
-// does with it.
+// Retainer, Migrator, Maintainer, Warmer), Inspector and StatsReporter add
+// to it; the package documentation lists who implements each and what the
+// consumer (or a metrics adapter) does with it.
 type Strategy interface {
 	// Name identifies the strategy in logs and metrics ("idset", "highwater", …).
 	Name() string

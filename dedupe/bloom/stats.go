@@ -3,6 +3,8 @@ package bloom
 import (
 	"sync"
 	"sync/atomic"
+
+	"github.com/effectively-once/effectively/dedupe"
 )
 
 // Stats are a Strategy's counters since New, and the size of its filters.
@@ -109,4 +111,37 @@ func (s *Strategy) Stats() Stats {
 	}
 	s.filters.mu.RUnlock()
 	return st
+}
+
+var _ dedupe.StatsReporter = (*Strategy)(nil)
+
+// ReportStats implements dedupe.StatsReporter: Stats as named counters and
+// gauges (keys_total, new_keys_total, filter_bytes, filter_slices,
+// sealed_slices_total, filter_tests_total, filter_positives_total,
+// false_positives_total, false_positive_ratio, probes_total,
+// probes_saved_total, conflicts_total, dropped_partitions_total, and warm:
+// 1 or 0).
+func (s *Strategy) ReportStats() []dedupe.Stat {
+	st := s.Stats()
+	warm := 0.0
+	if st.Warm {
+		warm = 1
+	}
+	c, g := dedupe.StatCounter, dedupe.StatGauge
+	return []dedupe.Stat{
+		{Name: "keys_total", Help: "Keys claimed.", Kind: c, Value: float64(st.Keys)},
+		{Name: "new_keys_total", Help: "Claimed keys that were new.", Kind: c, Value: float64(st.New)},
+		{Name: "filter_bytes", Help: "Memory held by the filters' bit arrays.", Kind: g, Value: float64(st.FilterBytes)},
+		{Name: "filter_slices", Help: "Time slices with a filter.", Kind: g, Value: float64(st.Slices)},
+		{Name: "sealed_slices_total", Help: "Slice filters rebuilt from the store.", Kind: c, Value: float64(st.Sealed)},
+		{Name: "filter_tests_total", Help: "Checks of a key against a sealed filter.", Kind: c, Value: float64(st.Tests)},
+		{Name: "filter_positives_total", Help: "Checks a sealed filter answered with maybe.", Kind: c, Value: float64(st.Positives)},
+		{Name: "false_positives_total", Help: "Positives whose marker the probe did not find.", Kind: c, Value: float64(st.FalsePositives)},
+		{Name: "false_positive_ratio", Help: "Measured false-positive rate: false positives over the checks of keys the filter did not hold.", Kind: g, Value: st.FalsePositiveRate},
+		{Name: "probes_total", Help: "Lookups of a key in a partition.", Kind: c, Value: float64(st.Probes)},
+		{Name: "probes_saved_total", Help: "Lookups a negative from a sealed filter made unnecessary.", Kind: c, Value: float64(st.ProbesSaved)},
+		{Name: "conflicts_total", Help: "Keys another consumer had written to the current slice.", Kind: c, Value: float64(st.Conflicts)},
+		{Name: "dropped_partitions_total", Help: "Expired partitions this process dropped.", Kind: c, Value: float64(st.Dropped)},
+		{Name: "warm", Help: "1 when the filters of all closed live slices are built, else 0.", Kind: g, Value: warm},
+	}
 }

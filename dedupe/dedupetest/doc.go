@@ -86,6 +86,10 @@
 //     they would without it, for markers committed and reported, committed
 //     unreported, and rolled back; a Warm that has not returned by itself
 //     within ten seconds is cancelled and must then return.
+//   - StatsReporter: ReportStats reports at least one statistic that
+//     dedupe.CheckStats accepts, with finite values and no negative
+//     counter; claims change values but not names, kinds, help texts or
+//     their order; no counter goes down; and it runs safely beside claims.
 //
 // The suite checks itself: its tests run it against deliberately broken
 // strategies and require the subtest meant to catch each one to fail.

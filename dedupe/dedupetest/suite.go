@@ -56,6 +56,7 @@ func Run(t *testing.T, h Harness) {
 		{"Migrator", testMigrator},
 		{"Maintainer", testMaintainer},
 		{"Warmer", testWarmer},
+		{"StatsReporter", testStatsReporter},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -238,7 +238,7 @@ func run(ctx context.Context, log *slog.Logger, demo bool, n int) error {
 		return err
 	}
 	if demo {
-		return check(ctx, pool, t, n)
+		return check(ctx, pool, c, t, n)
 	}
 	return nil
 }
@@ -288,7 +288,7 @@ func produceDemo(ctx context.Context, cluster *kafkatest.Cluster, topic string, 
 
 // check verifies the demo's books: every transfer booked once (two
 // entries), the balances sum to zero, and the broken messages parked.
-func check(ctx context.Context, pool *pgxpool.Pool, t *tally, n int) error {
+func check(ctx context.Context, pool *pgxpool.Pool, c *consumer.Consumer, t *tally, n int) error {
 	var entries, transfers int
 	var sum int64
 	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT transfer_id) FROM ledger_entries`).Scan(&entries, &transfers); err != nil {
@@ -297,17 +297,15 @@ func check(ctx context.Context, pool *pgxpool.Pool, t *tally, n int) error {
 	if err := pool.QueryRow(ctx, `SELECT coalesce(sum(balance), 0) FROM ledger_accounts`).Scan(&sum); err != nil {
 		return err
 	}
-	rows, err := pool.Query(ctx, `SELECT ref, reason, last_error FROM effectively.parked WHERE consumer = 'ledger' ORDER BY id`)
+	// What the consumer parked, through its parked store: the rows of its
+	// scope (its Name, "ledger", unless Config.Scope says otherwise).
+	rows, err := c.Parked().List(ctx, consumer.ParkedFilter{Scope: c.Config().Scope})
 	if err != nil {
 		return err
 	}
-	parked, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
-		var ref, reason, last string
-		err := r.Scan(&ref, &reason, &last)
-		return fmt.Sprintf("  %s  %s: %s", ref, reason, last), err
-	})
-	if err != nil {
-		return err
+	var parked []string
+	for _, p := range rows {
+		parked = append(parked, fmt.Sprintf("  %s  %s: %s", p.Ref, p.Reason, p.LastError))
 	}
 	fmt.Printf("booked %d transfers (%d entries), skipped %d duplicate deliveries, parked %d:\n%s\n",
 		transfers, entries, t.duplicate, len(parked), strings.Join(parked, "\n"))

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+
+	"github.com/effectively-once/effectively/consumer"
 )
 
 // check compares the database with the logical payments: money moved once
@@ -73,8 +75,10 @@ func (r *paymentsRun) check(ctx context.Context, hooks *outcomes) error {
 	if settled != accepted || settlements != accepted || settledOnce != accepted {
 		fail("%d payments settled by %d settlements (%d distinct), want %d of each", settled, settlements, settledOnce, accepted)
 	}
-	var parked int
-	if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM effectively.parked WHERE scope = 'provider-events'`).Scan(&parked); err != nil {
+	// The settlement consumer's parked messages, through the parked table's
+	// store: the rows of its scope (its Name, "provider-events").
+	parked, err := consumer.NewParkedStore(r.pool, "", "").Count(ctx, consumer.ParkedFilter{Scope: "provider-events"})
+	if err != nil {
 		return err
 	}
 	hooks.mu.Lock()

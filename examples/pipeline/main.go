@@ -330,7 +330,7 @@ ON CONFLICT (run, account) DO UPDATE SET balance = pipeline_balances.balance + $
 	if err := stopAll(); err != nil {
 		return err
 	}
-	return check(ctx, pool, runName, n, len(msgs), want, parts, countsA, countsB, elapsed)
+	return check(ctx, pool, ob, runName, n, len(msgs), want, parts, countsA, countsB, elapsed)
 }
 
 // waves is how many parts the input is written in; a part is killed after
@@ -361,7 +361,7 @@ func transfers(n int) ([]kafkago.Message, map[string]int64) {
 
 // check compares stage B's balances with the transfers' sums, and the
 // ledger's, and prints the report.
-func check(ctx context.Context, pool *pgxpool.Pool, runName string, n, produced int, want map[string]int64,
+func check(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, runName string, n, produced int, want map[string]int64,
 	parts []*part, countsA, countsB *counts, elapsed time.Duration) error {
 	got := map[string]int64{}
 	rows, err := pool.Query(ctx, `SELECT account, balance FROM pipeline_balances WHERE run = $1`, runName)
@@ -379,19 +379,35 @@ func check(ctx context.Context, pool *pgxpool.Pool, runName string, n, produced 
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	var ledgerRows, transfers, parkedRows, unpublished int
+	var ledgerRows, transfers int
 	var changes int64
 	if err := pool.QueryRow(ctx, `SELECT coalesce(sum(changes), 0) FROM pipeline_balances WHERE run = $1`, runName).Scan(&changes); err != nil {
-		return err
-	}
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM effectively.outbox WHERE published_at IS NULL`).Scan(&unpublished); err != nil {
 		return err
 	}
 	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT transfer_id) FROM pipeline_ledger WHERE run = $1`, runName).Scan(&ledgerRows, &transfers); err != nil {
 		return err
 	}
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM effectively.parked WHERE consumer LIKE $1 || '-%'`, runName).Scan(&parkedRows); err != nil {
+	// The outbox's rows still to publish, and those a sink refused, from
+	// its Stats.
+	st, err := ob.Stats(ctx, pool)
+	if err != nil {
 		return err
+	}
+	var waiting, refused int64
+	for _, s := range st.Sinks {
+		waiting += s.Waiting
+		refused += s.Parked
+	}
+	// The messages the two stages parked, from the parked table's store:
+	// the rows of their scopes (their Names, by default).
+	parkedStore := consumer.NewParkedStore(pool, "", "")
+	var parkedRows int64
+	for _, stage := range []string{runName + "-a", runName + "-b"} {
+		c, err := parkedStore.Count(ctx, consumer.ParkedFilter{Scope: stage})
+		if err != nil {
+			return err
+		}
+		parkedRows += c
 	}
 
 	fmt.Printf("settled in %s\n", elapsed.Round(time.Millisecond))
@@ -408,8 +424,8 @@ func check(ctx context.Context, pool *pgxpool.Pool, runName string, n, produced 
 	if changes != int64(2*n) {
 		problems = append(problems, fmt.Sprintf("stage B applied %d balance changes, want %d", changes, 2*n))
 	}
-	if unpublished != 0 {
-		problems = append(problems, fmt.Sprintf("%d outbox rows unpublished", unpublished))
+	if waiting != 0 || refused != 0 {
+		problems = append(problems, fmt.Sprintf("outbox rows unpublished: %d waiting, %d parked", waiting, refused))
 	}
 	if parkedRows != 0 {
 		problems = append(problems, fmt.Sprintf("%d messages parked", parkedRows))

@@ -127,17 +127,19 @@ func (d *demoRun) check(ctx context.Context, pool *pgxpool.Pool) error {
 	if len(got) != len(d.events) {
 		bad = append(bad, fmt.Sprintf("%d distinct events stored, want %d", len(got), len(d.events)))
 	}
-	var parked int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM effectively.parked WHERE scope = $1`, d.scope).Scan(&parked); err != nil {
+	// The consumer's parked messages, through the parked table's store:
+	// the rows of the run's scope.
+	parked, err := consumer.NewParkedStore(pool, "", "").Count(ctx, consumer.ParkedFilter{Scope: d.scope})
+	if err != nil {
 		return err
 	}
-	if parked != d.broken {
+	if parked != int64(d.broken) {
 		bad = append(bad, fmt.Sprintf("%d webhooks parked, want %d", parked, d.broken))
 	}
 	if len(bad) > 0 {
 		return fmt.Errorf("check failed: %s", strings.Join(bad[:min(5, len(bad))], "; "))
 	}
-	fmt.Printf("ok: %d events stored exactly once, %d broken webhooks parked with their reasons (SELECT reason, last_error FROM effectively.parked)\n", len(d.events), parked)
+	fmt.Printf("ok: %d events stored exactly once, %d broken webhooks parked with their reasons (effectively parked list --scope %s)\n", len(d.events), parked, d.scope)
 	return nil
 }
 

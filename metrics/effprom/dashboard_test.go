@@ -104,10 +104,14 @@ func registeredSeries(t *testing.T) map[string][]string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.WatchHighwater("c", hw); err != nil {
+	strategies, err := effprom.NewStrategies(effprom.Options{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.WatchBloom("c", bl); err != nil {
+	if err := strategies.Watch("c", hw); err != nil {
+		t.Fatal(err)
+	}
+	if err := strategies.Watch("b", bl); err != nil {
 		t.Fatal(err)
 	}
 	sw, err := effprom.NewSwitchover(effprom.Options{})
@@ -133,7 +137,7 @@ func registeredSeries(t *testing.T) map[string][]string {
 		t.Fatal(err)
 	}
 	reg := prom.NewPedanticRegistry()
-	reg.MustRegister(m, relay, sw)
+	reg.MustRegister(m, relay, sw, strategies)
 
 	info := consumer.BatchInfo{Consumer: "c", Strategy: "idset", Lane: "l", Batch: 1, Size: 3}
 	m.BatchDone(ctx, &consumer.BatchStats{BatchInfo: info, Applied: 1, Duplicate: 1, Parked: 1, Reruns: 1,

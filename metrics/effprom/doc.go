@@ -40,9 +40,18 @@
 //	                                                    for applied messages
 //	effectively_lag_messages{consumer,lane}             gauge, set with SetLag
 //
-// WatchHighwater and WatchBloom add a strategy's own counters
-// (effectively_highwater_*, effectively_bloom_*), read from its Stats at
-// each scrape; see their documentation for the names.
+// # Strategies
+//
+// StrategyMetrics, from NewStrategies, exports a dedupe strategy's own
+// counters and gauges (effectively_highwater_*, effectively_bloom_*), read
+// at each scrape from any strategy that implements dedupe.StatsReporter;
+// see its documentation for the names. Register it beside Metrics and
+// watch each consumer's strategy:
+//
+//	strategies, err := effprom.NewStrategies(effprom.Options{})
+//	if err != nil { ... }
+//	registry.MustRegister(m, strategies)
+//	err = strategies.Watch("payments", strategy)
 //
 // # Outbox relay
 //

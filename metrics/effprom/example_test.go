@@ -29,12 +29,17 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	// Export the strategy's cache and gap counters too.
-	if err := metrics.WatchHighwater("payments", strategy); err != nil {
+	// Export the strategy's cache and gap counters too (any strategy that
+	// implements dedupe.StatsReporter).
+	strategies, err := effprom.NewStrategies(effprom.Options{ConstLabels: map[string]string{"service": "billing"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := strategies.Watch("payments", strategy); err != nil {
 		log.Fatal(err)
 	}
 	registry := prom.NewRegistry()
-	registry.MustRegister(metrics)
+	registry.MustRegister(metrics, strategies)
 	http.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 
 	_, err = consumer.New(pool, src, consumer.Config{

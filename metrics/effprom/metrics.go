@@ -59,7 +59,6 @@ type Metrics struct {
 
 	series sync.Map // consumer name → *series
 
-	strategies strategyMetrics
 }
 
 var (
@@ -110,7 +109,6 @@ func New(opts Options) (*Metrics, error) {
 			labelConsumer, labelReason),
 		lag: prom.NewGaugeVec(prom.GaugeOpts{Namespace: ns, Name: "lag_messages", ConstLabels: cl,
 			Help: "Messages the consumer is behind its source, per lane, as last reported with SetLag."}, []string{labelConsumer, labelLane}),
-		strategies: newStrategyMetrics(ns, cl),
 	}
 	m.collected = []prom.Collector{m.messages, m.batches, m.reruns, m.standby, m.size, m.duration, m.claim, m.handle, m.commit, m.ack, m.age, m.parked, m.lag}
 	return m, nil
@@ -231,7 +229,6 @@ func (m *Metrics) Describe(ch chan<- *prom.Desc) {
 	for _, c := range m.collected {
 		c.Describe(ch)
 	}
-	m.strategies.describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -239,5 +236,4 @@ func (m *Metrics) Collect(ch chan<- prom.Metric) {
 	for _, c := range m.collected {
 		c.Collect(ch)
 	}
-	m.strategies.collect(ch)
 }

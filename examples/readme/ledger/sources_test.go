@@ -5,7 +5,6 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"net"
 	"net/http"
 	"strconv"
@@ -21,7 +20,7 @@ import (
 	"github.com/effectively-once/effectively/internal/fauxqs"
 	"github.com/effectively-once/effectively/internal/kafkatest"
 	"github.com/effectively-once/effectively/pgtest"
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
 )
@@ -57,16 +56,24 @@ func TestRunKafka(t *testing.T) {
 	}
 
 	r := runInBackground(t, func(ctx context.Context) error { return ledger.RunKafka(ctx, pool, k.Brokers()) })
-	// Done when every record's offset is committed, in the batch transactions.
+	// Done when every record's offset is committed, in the batch
+	// transactions: read from the offsets table's owner.
+	offsets := kafka.NewOffsets("", "")
 	waitFor(t, r, "all records committed", func() (bool, error) {
-		var n int64
-		err := pool.QueryRow(ctx, `SELECT coalesce(sum(next_offset), 0) FROM effectively.kafka_offsets
-			WHERE group_id = 'ledger' AND topic = 'transfers'`).Scan(&n)
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-			return false, nil // the consumer has not created the table yet
+		if ok, err := offsets.Exists(ctx, pool); !ok || err != nil {
+			return false, err // not created by the consumer yet, or an error
 		}
-		return n == int64(len(transfers)), err
+		stored, err := offsets.Read(ctx, pool, "ledger", "transfers", []int{0, 1})
+		if err != nil {
+			return false, err
+		}
+		var n int64
+		for _, o := range stored {
+			if o.Next != nil {
+				n += *o.Next
+			}
+		}
+		return n == int64(len(transfers)), nil
 	})
 	r.stop(t)
 	checkLedger(t, pool)
