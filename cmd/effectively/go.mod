@@ -4,10 +4,10 @@ go 1.26.0
 
 toolchain go1.26.8
 
-// The core and cli are named at a placeholder version and replaced with
-// this tree (below) until they are tagged. A release names their tagged
-// versions here and drops the replace directives: go install of this
-// command at a version refuses a module that has any.
+// Until they are tagged, the core and cli are named at a placeholder
+// version and replaced with this tree. A release (make release) names
+// their tagged versions here and drops the replace directives: go install
+// of this command at a version refuses a module that has any.
 
 require github.com/effectively-once/effectively/cli v0.0.0-00010101000000-000000000000
 
