@@ -159,6 +159,10 @@ func extract(root, rev, dir string) error {
 // the module's requirements on the repository's other modules are
 // satisfied from the same tree.
 func loadModule(root, dir string) (*apidiff.Module, error) {
+	root, err := filepath.Abs(root) // GOWORK must be absolute
+	if err != nil {
+		return nil, err
+	}
 	modDir := filepath.Join(root, filepath.FromSlash(dir))
 	gomod, err := os.ReadFile(filepath.Join(modDir, "go.mod"))
 	if err != nil {

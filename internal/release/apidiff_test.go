@@ -18,6 +18,9 @@ func TestAPIDiff(t *testing.T) {
 		"internal/in/in.go": "package in\n\nfunc F() {}\n",
 	})
 	gitCommit(t, root, "fixture")
+	// The check is run from the release module with a relative root.
+	t.Chdir(root)
+	root = "."
 
 	check := func(wantIncompatible int, want ...string) {
 		t.Helper()
