@@ -11,7 +11,7 @@ FAUXQS    := internal/fauxqs/node_modules/.package-lock.json
 PKGS      := $(shell $(GO) list -m -f '{{.Path}}/...')
 MODDIRS   := $(shell $(GO) list -m -f '{{.Dir}}')
 
-.PHONY: test test-race test-patroni test-short flake soak soak-kafka soak-outbox bench bench-expiry lint tidy demo deps
+.PHONY: test test-race test-patroni test-short flake soak soak-kafka soak-outbox bench bench-expiry lint tidy demo deps release test-release apidiff
 
 ## test: the whole suite with the race detector (starts its own PostgreSQL, Kafka and SQS peers)
 test: test-race
@@ -116,11 +116,29 @@ bench-peers:
 lint:
 	$(GO) vet $(PATRONI_TAGS) $(PKGS)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) $(PATRONI_TAGS) $(PKGS)
-	cd $(PEERS) && GOWORK=off $(GO) vet ./... && GOWORK=off $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+	for d in $(PEERS) $(RELEASE); do (cd $$d && GOWORK=off $(GO) vet ./... && GOWORK=off $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...) || exit 1; done
 
 ## tidy: go mod tidy in each module (each names the core through a replace, so this works outside the workspace)
 tidy:
-	for d in $(MODDIRS) $(PEERS); do (cd $$d && GOWORK=off $(GO) mod tidy) || exit 1; done
+	for d in $(MODDIRS) $(PEERS) $(RELEASE); do (cd $$d && GOWORK=off $(GO) mod tidy) || exit 1; done
+
+# The release steps are a module of their own, outside the workspace, so
+# that the core never requires golang.org/x/mod or golang.org/x/exp (see
+# docs/releasing.md).
+RELEASE   := internal/release
+
+## release: rewrite the released modules' go.mod and go.sum for VERSION (e.g. make release VERSION=v0.1.0): each requires the others at VERSION, with no replace directives; then commit and make the tags it prints (docs/releasing.md)
+release:
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=v0.1.0"; exit 2; }
+	cd $(RELEASE) && GOWORK=off $(GO) run . prepare -root ../.. $(VERSION)
+
+## test-release: prove a release installs: a copy of the tree released at a fake version, served from a file-based GOPROXY, must be tidy and go install cmd/effectively@version with no workspace (and the release steps' own tests)
+test-release:
+	cd $(RELEASE) && GOWORK=off $(GO) test -count=1 -timeout 10m ./...
+
+## apidiff: each released module's exported API against its last tag (vX.Y.Z, cli/vX.Y.Z, ...); fails on an incompatible change, skips a module with no tag yet
+apidiff:
+	cd $(RELEASE) && GOWORK=off $(GO) run . apidiff -root ../..
 
 ## demo: the quickstart ledger demo
 demo:

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/effectively-once/effectively/cli"
@@ -20,10 +21,20 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := cli.NewRoot(cli.Options{}).ExecuteContext(ctx)
+	err := cli.NewRoot(cli.Options{Version: version()}).ExecuteContext(ctx)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "effectively:", err)
 		os.Exit(1)
 	}
+}
+
+// version is the version of the module the binary was built from: the
+// tag's for go install ...@v0.1.0, "(devel)" or a pseudo-version for a
+// build from a checkout.
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
 }
