@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/jackc/pgx/v5"
 )
@@ -87,7 +88,7 @@ func (c *Consumer) Config() Config { return c.cfg }
 // table and, if the strategy or the source owns tables (markers, Kafka
 // offsets), theirs.
 func (c *Consumer) Migrations() []dedupe.Line {
-	lines := []dedupe.Line{ParkedLine(c.cfg.Schema, c.cfg.ParkedTable)}
+	lines := []dedupe.Line{parked.Line(c.cfg.Schema, c.cfg.ParkedTable)}
 	if c.migrator != nil {
 		lines = append(lines, c.migrator.Migrations()...)
 	}
