@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/effectively-once/effectively/consumer/internal/merge"
 	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/jackc/pgx/v5"
@@ -34,7 +35,7 @@ type Consumer struct {
 	// horizon at start-up: it is asked again in the background.
 	horizonChecked bool
 
-	merger merger // a QueueHandler's single-row INSERTs merged
+	merger merge.Merger // a QueueHandler's single-row INSERTs merged
 
 	standbys *standbys // nil unless Config.StandbyAck is on
 
