@@ -17,6 +17,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/jackc/pgx/v5"
@@ -54,7 +55,7 @@ func Setup(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return err
 	}
-	lines := append(s.Migrations(), consumer.ParkedLine("", ""))
+	lines := append(s.Migrations(), parked.Line("", ""))
 	if _, err := dedupe.Migrate(ctx, pool, "", lines...); err != nil {
 		return err
 	}

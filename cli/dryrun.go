@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/jackc/pgx/v5"
@@ -106,11 +107,11 @@ func (a *app) dryRun(cmd *cobra.Command, pool *pgxpool.Pool, kc *kafkaClient, o 
 	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, strconv.FormatInt(o.lockTimeout.Milliseconds(), 10)); err != nil {
 		return nil, err
 	}
-	parked := consumer.NewParkedStore(pool, a.schema, a.parkedTable)
-	if _, err := parked.HasRefsTx(ctx, tx, o.scope, kafka.SourceName, nil); err != nil {
+	store := parked.NewStore(pool, a.schema, a.parkedTable)
+	if _, err := store.HasRefsTx(ctx, tx, o.scope, kafka.SourceName, nil); err != nil {
 		return nil, err
 	}
-	cl := &classifier{app: a, o: o, tx: tx, s: s, kf: kf, parked: parked}
+	cl := &classifier{app: a, o: o, tx: tx, s: s, kf: kf, parked: store}
 	start := time.Now()
 	for _, p := range plan {
 		counts := &DryRunCounts{}
@@ -141,7 +142,7 @@ type classifier struct {
 	s   dedupe.Strategy
 	kf  consumer.KeyFunc
 	// parked is the parked table, read in tx.
-	parked *consumer.ParkedStore
+	parked *parked.Store
 
 	// consumed is true while the messages read are ones the group consumed
 	// before (before its stored offset). again counts those not parked,
@@ -188,7 +189,7 @@ func (c *classifier) classify(ctx context.Context, batch []*consumer.Message, co
 	for i, m := range batch {
 		refs[i] = m.Ref
 	}
-	parked, err := c.parked.HasRefsTx(ctx, c.tx, c.o.scope, kafka.SourceName, refs)
+	parkedRefs, err := c.parked.HasRefsTx(ctx, c.tx, c.o.scope, kafka.SourceName, refs)
 	if err != nil {
 		return err
 	}
@@ -202,7 +203,7 @@ func (c *classifier) classify(ctx context.Context, batch []*consumer.Message, co
 	}
 	for i, cl := range cls {
 		counts.Messages++
-		isParked := parked[batch[i].Ref]
+		isParked := parkedRefs[batch[i].Ref]
 		if c.consumed && !isParked {
 			c.again++
 			if cl.Err == nil && (cl.Verdict == dedupe.VerdictDuplicate || cl.Verdict == dedupe.VerdictMismatch) {

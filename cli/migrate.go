@@ -3,7 +3,7 @@ package cli
 import (
 	"fmt"
 
-	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/idempotency"
 	"github.com/effectively-once/effectively/outbox"
@@ -102,10 +102,10 @@ dedupe.MigrationSQL) over a consumer's Migrations, which Consumer.Migrate runs.`
 }
 
 // migrationLines returns the selected migration lines.
-func (a *app) migrationLines(parked, strategy, withKafka bool) ([]dedupe.Line, error) {
+func (a *app) migrationLines(withParked, strategy, withKafka bool) ([]dedupe.Line, error) {
 	var lines []dedupe.Line
-	if parked {
-		lines = append(lines, consumer.ParkedLine(a.schema, a.parkedTable))
+	if withParked {
+		lines = append(lines, parked.Line(a.schema, a.parkedTable))
 	}
 	if strategy {
 		s, err := a.strategy()

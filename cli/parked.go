@@ -13,13 +13,13 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
 
-// ParkedMessage is one parked row (a consumer.ParkedRow, read through
-// consumer.ParkedStore), as "parked list --json" and "parked show --json"
+// ParkedMessage is one parked row (a parked.Row, read through
+// parked.Store), as "parked list --json" and "parked show --json"
 // print it: its JSON form, for people and scripts. Payload and Key are base64 when they are
 // not valid text (PayloadBase64, KeyBase64 say so), and KeyNull and
 // PayloadNull tell a nil key or payload (such as a Kafka tombstone's) from
@@ -93,8 +93,8 @@ func (f *parkedFilter) refs() ([]string, error) {
 }
 
 // parkReasons are the reasons a row can be parked for.
-var parkReasons = []string{consumer.ReasonInvalidKey, consumer.ReasonPermanent, consumer.ReasonMaxAttempts,
-	consumer.ReasonMismatch, consumer.ReasonGap}
+var parkReasons = []string{parked.ReasonInvalidKey, parked.ReasonPermanent, parked.ReasonMaxAttempts,
+	parked.ReasonMismatch, parked.ReasonGap}
 
 // checkReason refuses a --reason no row can have, which would select
 // nothing without saying why.
@@ -106,15 +106,15 @@ func checkReason(reason string) error {
 }
 
 // filter returns the selection as the parked store's filter.
-func (f *parkedFilter) filter() (consumer.ParkedFilter, error) {
+func (f *parkedFilter) filter() (parked.Filter, error) {
 	if err := checkReason(f.reason); err != nil {
-		return consumer.ParkedFilter{}, err
+		return parked.Filter{}, err
 	}
 	refs, err := f.refs()
 	if err != nil {
-		return consumer.ParkedFilter{}, err
+		return parked.Filter{}, err
 	}
-	return consumer.ParkedFilter{Scope: f.scope, Reason: f.reason, IDs: f.ids, Refs: refs, OlderThan: f.olderThan, Limit: f.limit}, nil
+	return parked.Filter{Scope: f.scope, Reason: f.reason, IDs: f.ids, Refs: refs, OlderThan: f.olderThan, Limit: f.limit}, nil
 }
 
 // showRef renders a ref (or source, lane) for a table: as it is when it is
@@ -168,7 +168,7 @@ gap that never closed (gap). Each is kept whole in the parked table.`,
 }
 
 // parkedMessage is the JSON view of a parked row.
-func parkedMessage(r consumer.ParkedRow) ParkedMessage {
+func parkedMessage(r parked.Row) ParkedMessage {
 	p := ParkedMessage{
 		ID: r.ID, Consumer: r.Consumer, Scope: r.Scope, DedupeID: r.DedupeID, Sender: r.Sender, Seq: r.Seq,
 		HasMarker: r.HasMarker, Attempts: int32(r.Attempts), Reason: r.Reason, LastError: r.LastError,
@@ -197,12 +197,12 @@ func textOrBase64(b []byte) (string, bool) {
 	return base64.StdEncoding.EncodeToString(b), true
 }
 
-func (a *app) parked(ctx context.Context) (*consumer.ParkedStore, error) {
+func (a *app) parked(ctx context.Context) (*parked.Store, error) {
 	pool, err := a.db(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return consumer.NewParkedStore(pool, a.schema, a.parkedTable), nil
+	return parked.NewStore(pool, a.schema, a.parkedTable), nil
 }
 
 func (a *app) queryParked(ctx context.Context, f *parkedFilter) ([]ParkedMessage, error) {

@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/spf13/cobra"
@@ -86,7 +87,7 @@ their ref as "parked list" shows it; every row under that ref is redriven.
 			}
 			// The rows counted in the question are the rows redriven: one
 			// parked while the question waits is left alone.
-			ids, err := consumer.NewParkedStore(pool, a.schema, a.parkedTable).IDs(ctx, pf)
+			ids, err := parked.NewStore(pool, a.schema, a.parkedTable).IDs(ctx, pf)
 			if err != nil {
 				return err
 			}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/bloom"
 	"github.com/effectively-once/effectively/dedupe/highwater"
@@ -146,7 +147,7 @@ func (a *app) runE(fn func(cmd *cobra.Command, args []string) error) func(*cobra
 }
 
 func (a *app) parkedIdent() string {
-	return consumer.NewParkedStore(nil, a.schema, a.parkedTable).Table()
+	return parked.NewStore(nil, a.schema, a.parkedTable).Table()
 }
 func (a *app) offsets() *kafka.Offsets { return kafka.NewOffsets(a.schema, a.offsetsTable) }
 

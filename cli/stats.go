@@ -10,7 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -170,7 +170,7 @@ func (a *app) stats(ctx context.Context, pool *pgxpool.Pool, scope, group string
 		return nil, err
 	}
 	if ok {
-		counts, err := consumer.NewParkedStore(pool, a.schema, a.parkedTable).CountByReason(ctx, scope)
+		counts, err := parked.NewStore(pool, a.schema, a.parkedTable).CountByReason(ctx, scope)
 		if err != nil {
 			return nil, err
 		}

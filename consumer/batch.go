@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/effectively-once/effectively/consumer/internal/merge"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/jackc/pgx/v5"
 )
@@ -92,7 +93,7 @@ type passMode struct {
 	from     int
 	check    bool // and the deferred constraints after each
 	// unmerged sends a QueueHandler's statements as queued: a merged
-	// INSERT failed (queue_merge.go).
+	// INSERT failed (consumer/internal/merge).
 	unmerged bool
 }
 
@@ -138,7 +139,7 @@ func (c *Consumer) decide(ctx context.Context, b *Batch, items []*item, st *Batc
 				mode = passMode{isolated: true, from: failedFrom(items, c.cfg.Handler != nil)}
 			}
 			continue
-		case errors.Is(err, errMerged):
+		case errors.Is(err, merge.ErrMerged):
 			mode.unmerged = true
 			continue
 		case errors.Is(err, errUnattributed):

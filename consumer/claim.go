@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/jackc/pgx/v5"
 )
@@ -70,7 +71,7 @@ func (p *path) settleVerdict(it *item) bool {
 		it.outcome = OutcomeDuplicate
 	case dedupe.VerdictMismatch:
 		if p.cfg.OnMismatch == MismatchPark {
-			it.park(ReasonMismatch, fmt.Errorf("key %s was processed before with another payload", it.key), true)
+			it.park(parked.ReasonMismatch, fmt.Errorf("key %s was processed before with another payload", it.key), true)
 		} else {
 			it.outcome = OutcomeMismatch
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/jackc/pgx/v5"
 )
@@ -54,7 +55,7 @@ func Classify(ctx context.Context, tx pgx.Tx, cfg Config, msgs []*Message) ([]Cl
 		for _, it := range items {
 			it.reset()
 			if it.keyErr != nil {
-				it.park(ReasonInvalidKey, it.keyErr, false)
+				it.park(parked.ReasonInvalidKey, it.keyErr, false)
 			} else {
 				run = append(run, it)
 			}

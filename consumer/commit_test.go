@@ -9,6 +9,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
 )
@@ -73,18 +74,18 @@ CREATE TABLE ledger (
 					t.Errorf("%s has %d effects, want %d", id, counts[id], want)
 				}
 			}
-			parked := e.parked()
+			rows := e.parked()
 			got := map[string]bool{}
-			for _, p := range parked {
+			for _, p := range rows {
 				got[*p.DedupeID] = true
-				if p.Reason != consumer.ReasonMaxAttempts {
-					t.Errorf("%s parked with reason %s, want %s", *p.DedupeID, p.Reason, consumer.ReasonMaxAttempts)
+				if p.Reason != parked.ReasonMaxAttempts {
+					t.Errorf("%s parked with reason %s, want %s", *p.DedupeID, p.Reason, parked.ReasonMaxAttempts)
 				}
 				if p.Attempts != 3 {
 					t.Errorf("%s parked after %d attempts, want 3", *p.DedupeID, p.Attempts)
 				}
 			}
-			if len(parked) != len(poison) || !got["m-7"] || !got["m-8"] || !got["m-25"] {
+			if len(rows) != len(poison) || !got["m-7"] || !got["m-8"] || !got["m-25"] {
 				t.Errorf("parked %v, want the poison messages %v", got, poison)
 			}
 		})

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
 )
@@ -31,7 +32,7 @@ const (
 	DefaultGapDelay        = time.Second
 	DefaultGapMaxAttempts  = 60
 	DefaultSchema          = dedupe.DefaultSchema
-	DefaultParkedTable     = "parked"
+	DefaultParkedTable     = parked.DefaultTable
 	DefaultShutdownTimeout = 30 * time.Second
 	DefaultIdleTxTimeout   = 10 * time.Second
 )
@@ -40,7 +41,7 @@ const (
 const MaxBatchSize = 10000
 
 // parkedIndexReserve is the room ParkedTable leaves for the longest suffix
-// of its indexes' names (see ParkedLine).
+// of its indexes' names (see parked.Line).
 const parkedIndexReserve = len("_message_hash_idx")
 
 // Config configures a Consumer. The zero value of every field but Name,

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/effectively-once/effectively/consumer/internal/merge"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/jackc/pgx/v5"
 )
@@ -33,7 +35,7 @@ type Consumer struct {
 	// horizon at start-up: it is asked again in the background.
 	horizonChecked bool
 
-	merger merger // a QueueHandler's single-row INSERTs merged
+	merger merge.Merger // a QueueHandler's single-row INSERTs merged
 
 	standbys *standbys // nil unless Config.StandbyAck is on
 
@@ -87,7 +89,7 @@ func (c *Consumer) Config() Config { return c.cfg }
 // table and, if the strategy or the source owns tables (markers, Kafka
 // offsets), theirs.
 func (c *Consumer) Migrations() []dedupe.Line {
-	lines := []dedupe.Line{ParkedLine(c.cfg.Schema, c.cfg.ParkedTable)}
+	lines := []dedupe.Line{parked.Line(c.cfg.Schema, c.cfg.ParkedTable)}
 	if c.migrator != nil {
 		lines = append(lines, c.migrator.Migrations()...)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/jackc/pgx/v5"
@@ -149,12 +150,12 @@ func TestPoisonMessageIsRetriedThenParked(t *testing.T) {
 					t.Errorf("poison %s has an effect", id)
 				}
 			}
-			parked := e.parked()
-			if len(parked) != 3 {
-				t.Fatalf("parked %d rows, want 3: %+v", len(parked), parked)
+			rows := e.parked()
+			if len(rows) != 3 {
+				t.Fatalf("parked %d rows, want 3: %+v", len(rows), rows)
 			}
-			for _, p := range parked {
-				if p.DedupeID == nil || !poison[*p.DedupeID] || p.Reason != consumer.ReasonMaxAttempts || p.Attempts != 3 || !p.HasMarker {
+			for _, p := range rows {
+				if p.DedupeID == nil || !poison[*p.DedupeID] || p.Reason != parked.ReasonMaxAttempts || p.Attempts != 3 || !p.HasMarker {
 					t.Errorf("parked row %+v: want a poison message, reason max_attempts, 3 attempts, with marker", p)
 				}
 				if !strings.Contains(p.LastError, "cannot apply") || string(p.Payload) != *p.DedupeID {
@@ -246,13 +247,13 @@ func TestBadKeysAreParkedAndTheLoopKeepsRunning(t *testing.T) {
 	if got := e.effectCounts(); len(got) != 1 || got["good"] != 1 {
 		t.Fatalf("effects %v, want only good", got)
 	}
-	parked := e.parked()
-	if len(parked) != 6 {
-		t.Fatalf("parked %d, want 6: %+v", len(parked), parked)
+	rows := e.parked()
+	if len(rows) != 6 {
+		t.Fatalf("parked %d, want 6: %+v", len(rows), rows)
 	}
 	want := []string{"no ID and no sender", "over the limit of 64", "NUL byte", "not valid UTF-8", "handler panicked: boom", "no event_id"}
-	for i, p := range parked {
-		if p.Reason != consumer.ReasonInvalidKey || p.HasMarker || !strings.Contains(p.LastError, want[i]) {
+	for i, p := range rows {
+		if p.Reason != parked.ReasonInvalidKey || p.HasMarker || !strings.Contains(p.LastError, want[i]) {
 			t.Errorf("parked[%d] = %+v, want invalid_key mentioning %q", i, p, want[i])
 		}
 	}
@@ -275,7 +276,7 @@ func TestPanickingHandlerIsRetriedThenParked(t *testing.T) {
 		t.Fatalf("effects %v, want a and b", got)
 	}
 	p := e.parked()
-	if len(p) != 1 || p[0].Reason != consumer.ReasonMaxAttempts || !strings.Contains(p[0].LastError, "handler panicked") {
+	if len(p) != 1 || p[0].Reason != parked.ReasonMaxAttempts || !strings.Contains(p[0].LastError, "handler panicked") {
 		t.Fatalf("parked %+v", p)
 	}
 }
@@ -294,15 +295,15 @@ func TestMismatchIsReportedAndTreatedAsDuplicate(t *testing.T) {
 				t.Fatalf("effects %v", got)
 			}
 			st := e.hooks.Total()
-			parked := e.parked()
+			rows := e.parked()
 			switch policy {
 			case consumer.MismatchDuplicate:
-				if st.Mismatch != 1 || st.Duplicate != 1 || len(parked) != 0 {
-					t.Errorf("mismatch %d duplicate %d parked %d, want 1 1 0", st.Mismatch, st.Duplicate, len(parked))
+				if st.Mismatch != 1 || st.Duplicate != 1 || len(rows) != 0 {
+					t.Errorf("mismatch %d duplicate %d parked %d, want 1 1 0", st.Mismatch, st.Duplicate, len(rows))
 				}
 			case consumer.MismatchPark:
-				if st.Parked != 1 || len(parked) != 1 || parked[0].Reason != consumer.ReasonMismatch || string(parked[0].Payload) != `{"amount":99}` {
-					t.Errorf("parked %+v, want the amount 99 message with reason mismatch", parked)
+				if st.Parked != 1 || len(rows) != 1 || rows[0].Reason != parked.ReasonMismatch || string(rows[0].Payload) != `{"amount":99}` {
+					t.Errorf("parked %+v, want the amount 99 message with reason mismatch", rows)
 				}
 			}
 		})

@@ -77,8 +77,8 @@ func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v",
 type ConfigError = dedupe.ConfigError
 
 // ParkedError is the error MessageHook.MessageDone receives for a parked
-// message: why it was parked (one of the Reason constants) and the error
-// that led there, if any.
+// message: why it was parked (one of the parked.Reason constants) and the
+// error that led there, if any.
 type ParkedError struct {
 	Reason string
 	Err    error

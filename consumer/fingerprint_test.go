@@ -7,6 +7,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/parked"
 )
 
 // TestFingerprintJSON: with FingerprintJSON, a producer's resend of an
@@ -26,14 +27,14 @@ func TestFingerprintJSON(t *testing.T) {
 			e.broker.Publish(0, msg("raw-1", `not json`))
 			e.runUntilIdle(e.consumer(consumer.Config{Fingerprint: mode, BatchSize: 1}), 30*time.Second)
 			st := e.hooks.Total()
-			parked := e.parked()
+			rows := e.parked()
 			switch mode {
 			case consumer.FingerprintBytes:
 				if got := e.effectCounts(); got["pay-1"] != 1 || got["raw-1"] != 1 {
 					t.Fatalf("effects %v", got)
 				}
-				if st.Mismatch != 2 || st.Duplicate != 0 || len(parked) != 0 {
-					t.Fatalf("mismatch %d duplicate %d parked %d, want 2 0 0", st.Mismatch, st.Duplicate, len(parked))
+				if st.Mismatch != 2 || st.Duplicate != 0 || len(rows) != 0 {
+					t.Fatalf("mismatch %d duplicate %d parked %d, want 2 0 0", st.Mismatch, st.Duplicate, len(rows))
 				}
 			case consumer.FingerprintJSON:
 				if got := e.effectCounts(); got["pay-1"] != 1 || got["raw-1"] != 0 {
@@ -42,9 +43,9 @@ func TestFingerprintJSON(t *testing.T) {
 				if st.Mismatch != 1 || st.Duplicate != 1 {
 					t.Fatalf("mismatch %d duplicate %d, want 1 1", st.Mismatch, st.Duplicate)
 				}
-				if len(parked) != 1 || parked[0].Reason != consumer.ReasonInvalidKey || string(parked[0].Payload) != "not json" ||
-					!strings.Contains(parked[0].LastError, "not JSON") {
-					t.Fatalf("parked %+v, want raw-1 with reason invalid_key", parked)
+				if len(rows) != 1 || rows[0].Reason != parked.ReasonInvalidKey || string(rows[0].Payload) != "not json" ||
+					!strings.Contains(rows[0].LastError, "not JSON") {
+					t.Fatalf("parked %+v, want raw-1 with reason invalid_key", rows)
 				}
 			}
 		})

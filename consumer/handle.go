@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -100,9 +101,9 @@ func (c *Consumer) recordFailure(it *item, err error) {
 }
 
 func (c *Consumer) parkFailed(it *item) {
-	reason := ReasonMaxAttempts
+	reason := parked.ReasonMaxAttempts
 	if IsPermanent(it.failed) {
-		reason = ReasonPermanent
+		reason = parked.ReasonPermanent
 	}
 	it.park(reason, it.failed, true)
 }

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -224,15 +224,15 @@ func (r *invRun) sameRef(parked []parkedEntry, ref string) string {
 func wantReasons(k kind) []string {
 	switch k {
 	case poisonPermanent:
-		return []string{consumer.ReasonPermanent}
+		return []string{parked.ReasonPermanent}
 	case poisonExhaust:
-		return []string{consumer.ReasonMaxAttempts}
+		return []string{parked.ReasonMaxAttempts}
 	case poisonKey:
-		return []string{consumer.ReasonInvalidKey}
+		return []string{parked.ReasonInvalidKey}
 	}
 	// A failure at COMMIT: retried and then parked; whether the engine
 	// calls it permanent is its choice.
-	return []string{consumer.ReasonMaxAttempts, consumer.ReasonPermanent}
+	return []string{parked.ReasonMaxAttempts, parked.ReasonPermanent}
 }
 
 func countMarkers(rs []parkedEntry) int {

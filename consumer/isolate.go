@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/jackc/pgx/v5"
 )
@@ -87,7 +88,7 @@ func (c *Consumer) isolateOne(ctx context.Context, p *isolation, it *item) error
 		}
 		it.reset()
 		it.keyErr = ke
-		it.park(ReasonInvalidKey, ke, false)
+		it.park(parked.ReasonInvalidKey, ke, false)
 	case err != nil:
 		return err
 	case len(news) == 1 && it.failed != nil:

@@ -3,6 +3,8 @@ package consumer
 import (
 	"fmt"
 	"slices"
+
+	"github.com/effectively-once/effectively/consumer/parked"
 )
 
 // The ordering gate: for a sequenced strategy, a sender's messages apply in
@@ -40,7 +42,7 @@ func (c *Consumer) admit(items []*item) ([]*item, *gate) {
 	for _, it := range items {
 		switch {
 		case it.keyErr != nil:
-			it.park(ReasonInvalidKey, it.keyErr, false)
+			it.park(parked.ReasonInvalidKey, it.keyErr, false)
 		case it.failed != nil && !it.failedPark:
 			it.retry(it.failed, c.retryDelay(it))
 			back = append(back, it)
@@ -102,7 +104,7 @@ func (g *gate) wait(it *item, why string) {
 // deliveries.
 func (p *path) wait(it *item, why string) bool {
 	if it.attempt() >= p.cfg.GapMaxAttempts {
-		it.park(ReasonGap, fmt.Errorf("sequence gap: %s waited %d deliveries: %s", it.key, it.attempt(), why), false)
+		it.park(parked.ReasonGap, fmt.Errorf("sequence gap: %s waited %d deliveries: %s", it.key, it.attempt(), why), false)
 		return false
 	}
 	it.retry(nil, p.cfg.GapDelay)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 )
 
@@ -18,7 +19,7 @@ func TestParkedMigrationUpgradesExistingRows(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, consumertest.Config{})
 	ctx := context.Background()
-	line := consumer.ParkedLine("", "")
+	line := parked.Line("", "")
 	first, err := fs.ReadFile(line.FS, "001_parked.sql")
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"github.com/effectively-once/effectively/consumer/internal/merge"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -93,3 +94,13 @@ func combine(run []*pgx.QueuedQuery) *pgx.QueuedQuery {
 	}
 	return &pgx.QueuedQuery{SQL: sql, Arguments: args}
 }
+
+// combining is how merge.Merger tells and combines the statements of a
+// Combiner.
+type combining struct{}
+
+var _ merge.Combining = combining{}
+
+func (combining) Combinable(qq *pgx.QueuedQuery) bool { return combinerOf(qq) != nil }
+
+func (combining) Combine(run []*pgx.QueuedQuery) *pgx.QueuedQuery { return combine(run) }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/effectively-once/effectively/consumer/internal/merge"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -59,8 +60,8 @@ func TestCombineRuns(t *testing.T) {
 	if got, want := strings.Join(order, " "), "0:INSERT INTO t (a) VALUES ($1) 1:INSERT INTO t (a) VALUES ($1) 3:E 3:INSERT INTO t (a) VALUES ($1) 0:E 2:E 4:E 1:F"; got != want {
 		t.Fatalf("order\n%s\nwant\n%s", got, want)
 	}
-	var mg merger
-	sent, from := mg.merge(queued, true)
+	var mg merge.Merger
+	sent, from := mg.Merge(queued, true, combining{})
 	var got []string
 	for i, qq := range sent {
 		arg := fmt.Sprint(qq.Arguments)
@@ -81,14 +82,14 @@ func TestCombineRuns(t *testing.T) {
 	}
 
 	// Inserts not merged (Config.NoInsertMerge): Combiners still combine.
-	sent, _ = mg.merge(queued, false)
+	sent, _ = mg.Merge(queued, false, combining{})
 	if len(sent) != 6 || sent[4].SQL != "combined" {
 		t.Errorf("without insert merging: %d statements sent, the fifth %q", len(sent), sent[4].SQL)
 	}
 
 	// A Combine that fails leaves its statements as queued.
 	bad := []*pgx.QueuedQuery{comb("E", 1), {SQL: "E", Arguments: []any{&rowsArg{vals: []int{2}, fail: true}}}}
-	if sent, _ := mg.merge(bad, true); len(sent) != 2 || sent[0] != bad[0] || sent[1] != bad[1] {
+	if sent, _ := mg.Merge(bad, true, combining{}); len(sent) != 2 || sent[0] != bad[0] || sent[1] != bad[1] {
 		t.Errorf("a refused Combine: sent %v", sent)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/effectively-once/effectively/consumer/internal/merge"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -24,11 +25,11 @@ var errUnattributed = errors.New("a queued statement failed before it was sent, 
 // in tx: those the handlers queued in one pipelined round trip, then those
 // their callbacks queued in the next, until none is left; with mg, the
 // statements of a Combiner combined (queue_combine.go) and, with inserts,
-// runs of single-row INSERTs merged (queue_merge.go). It stops at the first
-// failure and returns the message to blame with a *StatementError, or no
-// message when none can be told: a lost connection, errMerged, or
-// errUnattributed (wrapping the error).
-func sendQueued(ctx context.Context, tx pgx.Tx, items []*item, qs []*msgQueue, mg *merger, inserts bool) (*item, error) {
+// runs of single-row INSERTs merged (consumer/internal/merge). It stops at
+// the first failure and returns the message to blame with a
+// *StatementError, or no message when none can be told: a lost connection,
+// merge.ErrMerged, or errUnattributed (wrapping the error).
+func sendQueued(ctx context.Context, tx pgx.Tx, items []*item, qs []*msgQueue, mg *merge.Merger, inserts bool) (*item, error) {
 	defer func() {
 		for _, q := range qs {
 			q.done = true
@@ -55,7 +56,7 @@ func sendQueued(ctx context.Context, tx pgx.Tx, items []*item, qs []*msgQueue, m
 		if mg != nil {
 			combineLast(b.QueuedQueries, owner)
 			var sent []*pgx.QueuedQuery
-			if sent, from = mg.merge(b.QueuedQueries, inserts); len(sent) < len(b.QueuedQueries) {
+			if sent, from = mg.Merge(b.QueuedQueries, inserts, combining{}); len(sent) < len(b.QueuedQueries) {
 				wire = &pgx.Batch{QueuedQueries: sent}
 			} else {
 				from = nil
@@ -82,7 +83,7 @@ func sendQueued(ctx context.Context, tx pgx.Tx, items []*item, qs []*msgQueue, m
 			case connClosed(tx) && !errors.As(err, &pe):
 				return nil, err
 			default:
-				return nil, errors.Join(errMerged, err)
+				return nil, errors.Join(merge.ErrMerged, err)
 			}
 		}
 		if errors.As(err, &pe) {
@@ -233,7 +234,7 @@ func (r row) Scan(dest ...any) error {
 // parks it in this pass, since none of its statements ran: its marker
 // commits with the parked row. Any other failure ends the pass
 // (errHandlerFailed), recorded on the message it is attributed to.
-func (c *Consumer) handleQueued(ctx context.Context, tx pgx.Tx, news []*item, merge bool) (slow []*item, err error) {
+func (c *Consumer) handleQueued(ctx context.Context, tx pgx.Tx, news []*item, merging bool) (slow []*item, err error) {
 	t := time.Now()
 	run := make([]*item, 0, len(news))
 	qs := make([]*msgQueue, 0, len(news))
@@ -261,8 +262,8 @@ func (c *Consumer) handleQueued(ctx context.Context, tx pgx.Tx, news []*item, me
 	// The transaction was idle while the handlers ran.
 	idle := c.idleTx
 	slowHandlers := idle > 0 && time.Since(t) > idle
-	var mg *merger
-	if merge {
+	var mg *merge.Merger
+	if merging {
 		mg = &c.merger
 	}
 	failed, err := sendQueued(ctx, tx, run, qs, mg, !c.cfg.NoInsertMerge)
@@ -271,7 +272,7 @@ func (c *Consumer) handleQueued(ctx context.Context, tx pgx.Tx, news []*item, me
 	case failed != nil:
 		c.recordFailure(failed, err)
 		return nil, errHandlerFailed
-	case errors.Is(err, errUnattributed), errors.Is(err, errMerged):
+	case errors.Is(err, errUnattributed), errors.Is(err, merge.ErrMerged):
 		return nil, err
 	case slowHandlers && connClosed(tx):
 		// Most likely the server ended the session while the handlers

@@ -11,6 +11,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -86,12 +87,12 @@ func TestQueueFailureIsolation(t *testing.T) {
 	}
 	e.runUntilIdle(e.consumer(consumer.Config{QueueHandler: h, BatchSize: n, MaxAttempts: 2}), 30*time.Second)
 
-	parked := e.parked()
-	if len(parked) != len(bad) {
-		t.Fatalf("parked %d, want %d: %+v", len(parked), len(bad), parked)
+	parkedRows := e.parked()
+	if len(parkedRows) != len(bad) {
+		t.Fatalf("parked %d, want %d: %+v", len(parkedRows), len(bad), parkedRows)
 	}
-	for _, p := range parked {
-		if !bad[*p.DedupeID] || p.Reason != consumer.ReasonMaxAttempts || !strings.Contains(p.LastError, "division by zero") || !strings.Contains(p.LastError, "SELECT 1 / 0") {
+	for _, p := range parkedRows {
+		if !bad[*p.DedupeID] || p.Reason != parked.ReasonMaxAttempts || !strings.Contains(p.LastError, "division by zero") || !strings.Contains(p.LastError, "SELECT 1 / 0") {
 			t.Errorf("parked %s (%s): %s", *p.DedupeID, p.Reason, p.LastError)
 		}
 	}
@@ -193,7 +194,7 @@ func TestQueueCallbacks(t *testing.T) {
 		reasons[*p.DedupeID] = p.Reason + ": " + p.LastError
 	}
 	for id, want := range map[string]string{
-		"m-1": consumer.ReasonPermanent + ": ", "m-3": consumer.ReasonPermanent + ": ", "m-4": consumer.ReasonMaxAttempts + ": ",
+		"m-1": parked.ReasonPermanent + ": ", "m-3": parked.ReasonPermanent + ": ", "m-4": parked.ReasonMaxAttempts + ": ",
 	} {
 		if !strings.HasPrefix(reasons[id], want) {
 			t.Errorf("%s parked as %q, want reason %q", id, reasons[id], want)
@@ -247,11 +248,11 @@ func TestQueueBadInput(t *testing.T) {
 		reasons[*p.DedupeID] = p.Reason + ": " + p.LastError
 	}
 	for id, want := range map[string]string{
-		"m-1": consumer.ReasonPermanent + ": decode payload",
-		"m-2": consumer.ReasonMaxAttempts + ": handler panicked: handler panic",
-		"m-4": consumer.ReasonMaxAttempts + ": queued statement",
-		"m-5": consumer.ReasonMaxAttempts + ": queued statement",
-		"m-7": consumer.ReasonPermanent + ": decode payload",
+		"m-1": parked.ReasonPermanent + ": decode payload",
+		"m-2": parked.ReasonMaxAttempts + ": handler panicked: handler panic",
+		"m-4": parked.ReasonMaxAttempts + ": queued statement",
+		"m-5": parked.ReasonMaxAttempts + ": queued statement",
+		"m-7": parked.ReasonPermanent + ": decode payload",
 	} {
 		if !strings.HasPrefix(reasons[id], want) {
 			t.Errorf("%s parked as %q, want %q…", id, reasons[id], want)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/jackc/pgx/v5"
 )
@@ -19,7 +20,7 @@ type RedriveFilter struct {
 	// messages delivered under it).
 	Refs []string
 	// Reason, when set, limits the redrive to rows parked for this reason
-	// (ReasonPermanent, ReasonMaxAttempts, …).
+	// (parked.ReasonPermanent, parked.ReasonMaxAttempts, …).
 	Reason string
 	// Limit is the most rows redriven. Defaults to 0: no limit.
 	Limit int
@@ -126,8 +127,8 @@ func (c *Consumer) Redrive(ctx context.Context, f RedriveFilter) (RedriveResult,
 
 func redrive(ctx context.Context, db dedupe.DB, p path, f RedriveFilter) (RedriveResult, error) {
 	var res RedriveResult
-	r := &redriver{path: p, store: NewParkedStore(db, p.cfg.Schema, p.cfg.ParkedTable), db: db}
-	ids, err := r.store.IDs(ctx, ParkedFilter{Scope: p.cfg.Scope, Reason: f.Reason, IDs: f.IDs, Refs: f.Refs, Limit: f.Limit})
+	r := &redriver{path: p, store: parked.NewStore(db, p.cfg.Schema, p.cfg.ParkedTable), db: db}
+	ids, err := r.store.IDs(ctx, parked.Filter{Scope: p.cfg.Scope, Reason: f.Reason, IDs: f.IDs, Refs: f.Refs, Limit: f.Limit})
 	if err != nil {
 		return res, fmt.Errorf("consumer: redrive: %w", err)
 	}
@@ -147,7 +148,7 @@ func redrive(ctx context.Context, db dedupe.DB, p path, f RedriveFilter) (Redriv
 
 type redriver struct {
 	path  path
-	store *ParkedStore
+	store *parked.Store
 	db    dedupe.DB
 }
 
@@ -173,7 +174,7 @@ func (r *redriver) one(ctx context.Context, id int64) (RedriveItem, error) {
 	if err != nil {
 		return it, fmt.Errorf("consumer: redrive: %w", err)
 	}
-	m := row.Message()
+	m := parkedMessage(&row)
 	it.Ref, it.Reason, it.ParkCount = row.Ref, row.Reason, row.ParkCount
 
 	key, hasKey := row.DedupeKey()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/jackc/pgx/v5"
@@ -214,7 +215,7 @@ func TestRedriveInvalidKey(t *testing.T) {
 		t.Fatalf("parked %d, want 2", n)
 	}
 	cfg := e.redriveConfig(insertEffect)
-	cfg.Filter.Reason = consumer.ReasonInvalidKey
+	cfg.Filter.Reason = parked.ReasonInvalidKey
 	res, err := cfg.run(e)
 	if err != nil || res.Skipped != 2 || !strings.Contains(res.Items[0].Err.Error(), "KeyFunc") {
 		t.Fatalf("without KeyFunc: %+v, %v", res, err)
@@ -264,17 +265,17 @@ func TestRedriveFiltersAndBatchHandler(t *testing.T) {
 		}
 		return f.handle(ctx, tx, msgs[0])
 	}
-	cfg.Filter = consumer.RedriveFilter{IDs: []int64{ids[1], 999999}, Reason: consumer.ReasonPermanent}
+	cfg.Filter = consumer.RedriveFilter{IDs: []int64{ids[1], 999999}, Reason: parked.ReasonPermanent}
 	res, err := cfg.run(e)
 	if err != nil || res.Applied != 1 || len(res.Items) != 1 || res.Items[0].ID != ids[1] {
 		t.Fatalf("by id: %+v, %v", res, err)
 	}
-	cfg.Filter = consumer.RedriveFilter{Reason: consumer.ReasonPermanent}
+	cfg.Filter = consumer.RedriveFilter{Reason: parked.ReasonPermanent}
 	res, err = cfg.run(e)
 	if err != nil || res.Applied != 2 {
 		t.Fatalf("by reason: %+v, %v", res, err)
 	}
-	if got := e.parked(); len(got) != 1 || got[0].Reason != consumer.ReasonInvalidKey {
+	if got := e.parked(); len(got) != 1 || got[0].Reason != parked.ReasonInvalidKey {
 		t.Fatalf("left parked: %+v", got)
 	}
 	// Another scope sees none of these rows.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/highwater"
 	"github.com/jackc/pgx/v5"
@@ -357,9 +358,9 @@ func TestRecurringRefDoesNotLendWaitsToAnotherMessage(t *testing.T) {
 	}
 	e.runUntilIdle(e.consumer(consumer.Config{Strategy: s, KeyFunc: seqKey, Handler: h, BatchSize: 1, Concurrency: 1,
 		MaxAttempts: 3, GapMaxAttempts: 100_000}), 30*time.Second)
-	parked := e.parked()
-	if len(parked) != 1 || string(parked[0].Payload) != "s-1" || parked[0].Reason != consumer.ReasonMaxAttempts {
-		t.Fatalf("parked %+v, want s-1 alone, out of attempts", parked)
+	rows := e.parked()
+	if len(rows) != 1 || string(rows[0].Payload) != "s-1" || rows[0].Reason != parked.ReasonMaxAttempts {
+		t.Fatalf("parked %+v, want s-1 alone, out of attempts", rows)
 	}
 	if n := e.effectCounts()["s-2"]; n != 1 {
 		t.Fatalf("s-2 applied %d times, want 1", n)

@@ -90,15 +90,16 @@ type Retry struct {
 //
 // # Building a source
 //
-// Lanes does the scheduling this contract asks for (order within a lane,
-// one batch in flight per lane, delayed redelivery, bounded buffers,
-// fairness across lanes), and every source of this module builds on it, so
-// that a source only fetches from its broker and acknowledges to it: a
-// goroutine of the source Reserves room, pulls from the broker and Adds
-// what came under its lane; Fetch is Lanes.Next; Settle acknowledges to the
-// broker and calls Lanes.Settle (the source redelivers retried and
-// abandoned messages itself, as Kafka's does) or Lanes.Finish (the broker
-// redelivers them, as SQS does once a visibility timeout runs out).
+// Package consumer/lanes does the scheduling this contract asks for (order
+// within a lane, one batch in flight per lane, delayed redelivery, bounded
+// buffers, fairness across lanes), and every source of this module builds
+// on it, so that a source only fetches from its broker and acknowledges to
+// it: a goroutine of the source Reserves room, pulls from the broker and
+// Adds what came under its lane; Fetch is lanes.Lanes.Next; Settle
+// acknowledges to the broker and calls lanes.Lanes.Settle (the source
+// redelivers retried and abandoned messages itself, as Kafka's does) or
+// lanes.Lanes.Finish (the broker redelivers them, as SQS does once a
+// visibility timeout runs out).
 //
 // # Messages
 //

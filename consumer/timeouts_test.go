@@ -13,6 +13,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -185,10 +186,10 @@ func TestStatementTimeoutParksTheSlowMessage(t *testing.T) {
 	if counts["slow"] != 0 {
 		t.Errorf("the slow message has %d effects, want 0", counts["slow"])
 	}
-	parked := e.parked()
-	if len(parked) != 1 || parked[0].Reason != consumer.ReasonMaxAttempts || parked[0].Attempts != 3 ||
-		!strings.Contains(parked[0].LastError, "statement_timeout (200ms)") || !strings.Contains(parked[0].LastError, "57014") {
-		t.Fatalf("parked %v: want the slow message parked after 3 attempts, its error naming statement_timeout", parked)
+	rows := e.parked()
+	if len(rows) != 1 || rows[0].Reason != parked.ReasonMaxAttempts || rows[0].Attempts != 3 ||
+		!strings.Contains(rows[0].LastError, "statement_timeout (200ms)") || !strings.Contains(rows[0].LastError, "57014") {
+		t.Fatalf("parked %v: want the slow message parked after 3 attempts, its error naming statement_timeout", rows)
 	}
 	if n := slowRuns.Load(); n < 3 {
 		t.Errorf("the slow message ran %d times, want one run per attempt, 3", n)
@@ -352,10 +353,10 @@ func TestServerIdleTimeoutParksTheIdleMessage(t *testing.T) {
 			if counts["a"] != 1 || counts["b"] != 1 || counts["slow"] != 0 {
 				t.Errorf("effects %v, want a and b once and slow never", counts)
 			}
-			parked := e.parked()
-			if len(parked) != 1 || parked[0].Reason != consumer.ReasonMaxAttempts || parked[0].Attempts != 2 ||
-				!strings.Contains(parked[0].LastError, "idle_in_transaction_session_timeout") {
-				t.Fatalf("parked %v: want the slow message parked after 2 attempts, its error naming idle_in_transaction_session_timeout", parked)
+			rows := e.parked()
+			if len(rows) != 1 || rows[0].Reason != parked.ReasonMaxAttempts || rows[0].Attempts != 2 ||
+				!strings.Contains(rows[0].LastError, "idle_in_transaction_session_timeout") {
+				t.Fatalf("parked %v: want the slow message parked after 2 attempts, its error naming idle_in_transaction_session_timeout", rows)
 			}
 			idle := rec.messageEvents("slow", func(ev consumer.MessageEvent) bool {
 				var ie *consumer.IdleTxError

@@ -5,7 +5,7 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/sources/kafka"
@@ -20,7 +20,7 @@ func ExampleMigrationSQL() {
 	if err != nil {
 		panic(err)
 	}
-	lines := append([]dedupe.Line{consumer.ParkedLine("", ""), kafka.OffsetsLine("", "")}, strategy.Migrations()...)
+	lines := append([]dedupe.Line{parked.Line("", ""), kafka.OffsetsLine("", "")}, strategy.Migrations()...)
 	script, err := dedupe.MigrationSQL("", lines...)
 	if err != nil {
 		panic(err)

@@ -24,7 +24,8 @@ const DefaultSchema = "effectively"
 //
 // Everything that owns tables hands out its migration lines: a strategy
 // or a source through Migrator (Migrations), the parked table through
-// consumer.ParkedLine, the Kafka offsets table through kafka.OffsetsLine,
+// parked.Line (package consumer/parked), the Kafka offsets table through
+// kafka.OffsetsLine,
 // and a consumer.Consumer, for everything it uses (parked table, its
 // strategy's and its source's tables), through Consumer.Migrations. Three
 // functions take those lines and a schema for the migrations table:

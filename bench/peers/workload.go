@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/sources/kafka"
@@ -121,7 +121,7 @@ func Setup(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return err
 	}
-	lines := append(s.Migrations(), consumer.ParkedLine("", ""), kafka.OffsetsLine("", ""))
+	lines := append(s.Migrations(), parked.Line("", ""), kafka.OffsetsLine("", ""))
 	if _, err := dedupe.Migrate(ctx, pool, "", lines...); err != nil {
 		return err
 	}

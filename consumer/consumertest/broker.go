@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/lanes"
 )
 
 // Config configures a Broker. The zero value is a well-behaved broker with
@@ -64,11 +65,11 @@ type lane struct {
 }
 
 // Broker is an in-memory consumer.Source. It is safe for concurrent use.
-// Its lanes are scheduled by a consumer.Lanes, as every source's are: the
+// Its lanes are scheduled by a lanes.Lanes, as every source's are: the
 // broker only keeps the log, acknowledgements and its faults.
 type Broker struct {
 	cfg     Config
-	sched   *consumer.Lanes
+	sched   *lanes.Lanes
 	mu      sync.Mutex // guards what follows; held while calling sched, never taken by it
 	rng     *rand.Rand
 	lanes   []*lane
@@ -89,7 +90,7 @@ func New(cfg Config) *Broker {
 	if cfg.Source == "" {
 		cfg.Source = "test"
 	}
-	b := &Broker{cfg: cfg, sched: consumer.NewLanes(consumer.LanesConfig{}),
+	b := &Broker{cfg: cfg, sched: lanes.New(lanes.Config{}),
 		rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))}
 	for i := range cfg.Lanes {
 		l := &lane{name: fmt.Sprintf("lane-%d", i)}

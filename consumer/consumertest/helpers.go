@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/jackc/pgx/v5"
 )
@@ -155,14 +156,14 @@ func (c *Counter) Batches() []consumer.BatchStats {
 func (c *Counter) String() string { return c.Total().String() }
 
 // ParkedRow is a row of the parked-messages table.
-type ParkedRow = consumer.ParkedRow
+type ParkedRow = parked.Row
 
 // Parked returns the rows of the parked-messages table schema.table in the
 // order they were parked, failing tb if they cannot be read. schema
 // defaults to "effectively" and table to "parked", as in consumer.Config.
 func Parked(tb testing.TB, db dedupe.DB, schema, table string) []ParkedRow {
 	tb.Helper()
-	out, err := consumer.NewParkedStore(db, schema, table).List(context.Background(), consumer.ParkedFilter{})
+	out, err := parked.NewStore(db, schema, table).List(context.Background(), parked.Filter{})
 	if err != nil {
 		tb.Fatal(err)
 	}

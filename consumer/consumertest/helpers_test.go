@@ -10,6 +10,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
@@ -84,12 +85,12 @@ func TestHelpersOnARealConsumer(t *testing.T) {
 			t.Errorf("%s has %d effects", id, k)
 		}
 	}
-	parked := consumertest.Parked(t, pool, "", "")
-	if len(parked) != 1 {
-		t.Fatalf("parked %v, want m-7", parked)
+	rows := consumertest.Parked(t, pool, "", "")
+	if len(rows) != 1 {
+		t.Fatalf("parked %v, want m-7", rows)
 	}
-	p := parked[0]
-	if p.DedupeID == nil || *p.DedupeID != "m-7" || p.Reason != consumer.ReasonPermanent || !strings.Contains(p.LastError, "poison") ||
+	p := rows[0]
+	if p.DedupeID == nil || *p.DedupeID != "m-7" || p.Reason != parked.ReasonPermanent || !strings.Contains(p.LastError, "poison") ||
 		string(p.Payload) != "7" || p.Source != "mem" || p.Lane == "" || p.Ref == "" || p.Attempts != 1 || !p.HasMarker || p.ID == 0 {
 		t.Errorf("parked %v", p)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/highwater"
 	"github.com/jackc/pgx/v5"
@@ -203,15 +204,15 @@ func TestLossyChannel(t *testing.T) {
 			t.Errorf("mark of %s = %d, want %d", sender, mark, lastSeq)
 		}
 	}
-	var parked int
+	var nParked int
 	var reason, lastErr string
-	if err := pool.QueryRow(ctx, `SELECT count(*), min(reason), min(last_error) FROM effectively.parked`).Scan(&parked, &reason, &lastErr); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*), min(reason), min(last_error) FROM effectively.parked`).Scan(&nParked, &reason, &lastErr); err != nil {
 		t.Fatal(err)
 	}
-	if parked != 1 || reason != consumer.ReasonInvalidKey || !strings.Contains(lastErr, `"7x" is not a decimal integer`) {
-		t.Errorf("parked %d (%s: %s), want the malformed message", parked, reason, lastErr)
+	if nParked != 1 || reason != parked.ReasonInvalidKey || !strings.Contains(lastErr, `"7x" is not a decimal integer`) {
+		t.Errorf("parked %d (%s: %s), want the malformed message", nParked, reason, lastErr)
 	}
-	if parked != 1 {
+	if nParked != 1 {
 		rows, _ := pool.Query(ctx, `SELECT sender, seq, reason, has_marker, attempts, last_error FROM effectively.parked`)
 		for rows.Next() {
 			var sender *string

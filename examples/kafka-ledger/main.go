@@ -45,6 +45,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/internal/kafkatest"
 	"github.com/effectively-once/effectively/pgtest"
@@ -299,7 +300,7 @@ func check(ctx context.Context, pool *pgxpool.Pool, c *consumer.Consumer, t *tal
 	}
 	// What the consumer parked, through its parked store: the rows of its
 	// scope (its Name, "ledger", unless Config.Scope says otherwise).
-	rows, err := c.Parked().List(ctx, consumer.ParkedFilter{Scope: c.Config().Scope})
+	rows, err := c.Parked().List(ctx, parked.Filter{Scope: c.Config().Scope})
 	if err != nil {
 		return err
 	}

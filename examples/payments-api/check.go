@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/parked"
 )
 
 // check compares the database with the logical payments: money moved once
@@ -77,7 +77,7 @@ func (r *paymentsRun) check(ctx context.Context, hooks *outcomes) error {
 	}
 	// The settlement consumer's parked messages, through the parked table's
 	// store: the rows of its scope (its Name, "provider-events").
-	parked, err := consumer.NewParkedStore(r.pool, "", "").Count(ctx, consumer.ParkedFilter{Scope: "provider-events"})
+	parked, err := parked.NewStore(r.pool, "", "").Count(ctx, parked.Filter{Scope: "provider-events"})
 	if err != nil {
 		return err
 	}

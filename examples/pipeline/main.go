@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/internal/kafkatest"
@@ -400,10 +401,10 @@ func check(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, runName s
 	}
 	// The messages the two stages parked, from the parked table's store:
 	// the rows of their scopes (their Names, by default).
-	parkedStore := consumer.NewParkedStore(pool, "", "")
+	parkedStore := parked.NewStore(pool, "", "")
 	var parkedRows int64
 	for _, stage := range []string{runName + "-a", runName + "-b"} {
-		c, err := parkedStore.Count(ctx, consumer.ParkedFilter{Scope: stage})
+		c, err := parkedStore.Count(ctx, parked.Filter{Scope: stage})
 		if err != nil {
 			return err
 		}

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/internal/kafkatest"
 	"github.com/effectively-once/effectively/pgtest"
@@ -151,7 +152,7 @@ func run(ctx context.Context, n int, timeout time.Duration) error {
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM ledger WHERE transfer_id LIKE $1 || '/%'`, run).Scan(&booked); err != nil {
 			return false, err
 		}
-		p, err := parkedStore.Count(ctx, consumer.ParkedFilter{Scope: run})
+		p, err := parkedStore.Count(ctx, parked.Filter{Scope: run})
 		if err != nil {
 			return false, err
 		}
@@ -214,7 +215,7 @@ func run(ctx context.Context, n int, timeout time.Duration) error {
 	if err := pool.QueryRow(ctx, `SELECT coalesce(sum(amount), 0), count(*), count(DISTINCT transfer_id) FROM ledger WHERE transfer_id LIKE $1 || '/%'`, run).Scan(&got, &rows, &distinct); err != nil {
 		return err
 	}
-	parked64, err := parkedStore.Count(ctx, consumer.ParkedFilter{Scope: run})
+	parked64, err := parkedStore.Count(ctx, parked.Filter{Scope: run})
 	if err != nil {
 		return err
 	}

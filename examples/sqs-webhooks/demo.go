@@ -12,6 +12,7 @@ import (
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -129,7 +130,7 @@ func (d *demoRun) check(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	// The consumer's parked messages, through the parked table's store:
 	// the rows of the run's scope.
-	parked, err := consumer.NewParkedStore(pool, "", "").Count(ctx, consumer.ParkedFilter{Scope: d.scope})
+	parked, err := parked.NewStore(pool, "", "").Count(ctx, parked.Filter{Scope: d.scope})
 	if err != nil {
 		return err
 	}

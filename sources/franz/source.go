@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/lanes"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
 	"github.com/effectively-once/effectively/sources/kafka"
@@ -47,7 +48,7 @@ type Source struct {
 
 	// sched hands out the lanes' records: one lane per claimed partition,
 	// named like the lane, whose SourceData is the *lane.
-	sched *consumer.Lanes
+	sched *lanes.Lanes
 
 	// kafkaCommits escalates offset commits to Kafka that keep failing.
 	kafkaCommits logx.Persisting
@@ -88,7 +89,7 @@ func New(db dedupe.DB, cfg Config) (*Source, error) {
 		lanes:  map[TopicPartition]*lane{},
 		counts: map[TopicPartition]*deliveryCounts{},
 		commit: make(chan struct{}, 1),
-		sched:  consumer.NewLanes(consumer.LanesConfig{}),
+		sched:  lanes.New(lanes.Config{}),
 	}
 	// The user's options, resolved alone, to read what the source
 	// depends on and refuse what contradicts it.
@@ -198,7 +199,7 @@ func (s *Source) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
 		return nil, err
 	}
 	b, err := s.sched.Next(ctx, max)
-	if errors.Is(err, consumer.ErrLanesClosed) {
+	if errors.Is(err, lanes.ErrClosed) {
 		return nil, consumer.Permanent(ErrClosed)
 	}
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/jackc/pgx/v5"
 	kafkago "github.com/segmentio/kafka-go"
@@ -180,17 +181,17 @@ func TestEngineBadInput(t *testing.T) {
 	}
 	prows := consumertest.Parked(t, e.pool, "", "")
 	slices.SortFunc(prows, func(a, b consumertest.ParkedRow) int { return strings.Compare(a.Ref, b.Ref) })
-	var parked []string
+	var gotParked []string
 	for _, p := range prows {
-		parked = append(parked, p.Ref+" "+p.Reason)
+		gotParked = append(gotParked, p.Ref+" "+p.Reason)
 	}
 	wantParked := []string{
-		e.topic + "/0@2 " + consumer.ReasonInvalidKey,
-		e.topic + "/0@3 " + consumer.ReasonPermanent,
-		e.topic + "/0@4 " + consumer.ReasonMaxAttempts,
+		e.topic + "/0@2 " + parked.ReasonInvalidKey,
+		e.topic + "/0@3 " + parked.ReasonPermanent,
+		e.topic + "/0@4 " + parked.ReasonMaxAttempts,
 	}
-	if fmt.Sprint(parked) != fmt.Sprint(wantParked) {
-		t.Errorf("parked %v, want %v", parked, wantParked)
+	if fmt.Sprint(gotParked) != fmt.Sprint(wantParked) {
+		t.Errorf("parked %v, want %v", gotParked, wantParked)
 	}
 	if fails.Load() != 3 {
 		t.Errorf("the failing message was tried %d times, want 3", fails.Load())

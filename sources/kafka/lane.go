@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/lanes"
 )
 
 type laneState uint8
@@ -107,7 +108,7 @@ func highOffset(next int64, acked []*consumer.Message) int64 {
 // aborted transactions): the commit point moves there, and skipTo returns
 // it as the offset to store when the offsets table (store) does not hold
 // it yet, so that a restart does not fetch those records again.
-func (l *lane) skipTo(next int64, st consumer.LaneState, store bool) (target int64, write bool) {
+func (l *lane) skipTo(next int64, st lanes.State, store bool) (target int64, write bool) {
 	l.fetched = max(l.fetched, next)
 	if st.Buffered == 0 {
 		l.delivered = max(l.delivered, l.fetched)

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/lanes"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
 	"github.com/jackc/pgx/v5"
@@ -45,7 +46,7 @@ type Source struct {
 
 	// sched hands out the lanes' records: one lane per assigned partition,
 	// named like the lane, whose SourceData is the *lane.
-	sched *consumer.Lanes
+	sched *lanes.Lanes
 
 	mu     sync.Mutex
 	lanes  []*lane // active and revoking lanes, each open in sched
@@ -86,7 +87,7 @@ func New(db dedupe.DB, cfg Config) (*Source, error) {
 		transport: &kafkago.Transport{TLS: cfg.TLS, SASL: cfg.SASL, ClientID: cfg.ClientID, DialTimeout: cfg.DialTimeout},
 		runDone:   make(chan struct{}),
 		counts:    map[topicPartition]*deliveryCounts{},
-		sched:     consumer.NewLanes(consumer.LanesConfig{LaneBuffer: cfg.PartitionBuffer}),
+		sched:     lanes.New(lanes.Config{LaneBuffer: cfg.PartitionBuffer}),
 	}
 	if !cfg.KafkaOffsetsOnly {
 		if db == nil {
@@ -156,7 +157,7 @@ func (s *Source) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
 		return nil, err
 	}
 	b, err := s.sched.Next(ctx, max)
-	if errors.Is(err, consumer.ErrLanesClosed) {
+	if errors.Is(err, lanes.ErrClosed) {
 		return nil, consumer.Permanent(ErrClosed)
 	}
 	if err != nil {

@@ -8,7 +8,7 @@
 // consumer fetches it; a receiver pauses while it holds Config.BufferSize
 // unfetched messages (on a FIFO queue, while the receivers hold
 // Config.Receivers × Config.BufferSize together). Receiving starts with the
-// first Fetch. The lanes are scheduled by consumer.Lanes, as every source's
+// first Fetch. The lanes are scheduled by lanes.Lanes, as every source's
 // are.
 //
 // Lanes: on a standard queue every receiver is a lane. On a FIFO queue every

@@ -12,6 +12,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/internal/fauxqs"
 	"github.com/effectively-once/effectively/sources/sqs"
 	"github.com/jackc/pgx/v5"
@@ -241,7 +242,7 @@ func TestPoisonParked(t *testing.T) {
 
 	e.expectOnce(bodiesOf(msgs))
 	p := e.parked()[0]
-	if p.Reason != consumer.ReasonMaxAttempts || p.Attempts != 3 || string(p.Payload) != "poison" || p.Source != "sqs" || p.Ref == "" ||
+	if p.Reason != parked.ReasonMaxAttempts || p.Attempts != 3 || string(p.Payload) != "poison" || p.Source != "sqs" || p.Ref == "" ||
 		!strings.Contains(p.LastError, "cannot handle this") {
 		t.Fatalf("parked %+v: want the poison message, max_attempts after 3 attempts", p)
 	}
@@ -339,8 +340,8 @@ func TestBadInputParked(t *testing.T) {
 		}
 	}
 	want := map[string]string{
-		"missing": consumer.ReasonInvalidKey, "long": consumer.ReasonInvalidKey,
-		"malformed": consumer.ReasonPermanent, "envelope": consumer.ReasonInvalidKey,
+		"missing": parked.ReasonInvalidKey, "long": parked.ReasonInvalidKey,
+		"malformed": parked.ReasonPermanent, "envelope": parked.ReasonInvalidKey,
 	}
 	for k, v := range want {
 		if reasons[k] != v {

@@ -16,6 +16,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/lanes"
 )
 
 // ErrClosed is returned by Fetch after Close.
@@ -46,7 +47,7 @@ type Source struct {
 	// lanes schedules the received messages: a lane is a receiver of a
 	// standard queue or a message group of a FIFO queue. Its buffer bound
 	// is what makes a receiver pause.
-	lanes *consumer.Lanes
+	lanes *lanes.Lanes
 
 	mu     sync.Mutex
 	closed bool
@@ -109,12 +110,12 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 	if cfg.UseQueueRedrive && s.maxReceiveCount == 0 {
 		return nil, &ConfigError{Package: "sqs", Field: "UseQueueRedrive", Reason: fmt.Sprintf("queue %s has no RedrivePolicy to leave exhausted messages to", s.url)}
 	}
-	lc := consumer.LanesConfig{AutoLanes: true, LaneBuffer: cfg.BufferSize}
+	lc := lanes.Config{AutoLanes: true, LaneBuffer: cfg.BufferSize}
 	if s.fifo {
 		// A receiver fills many groups: its bound is on the receivers' total.
-		lc = consumer.LanesConfig{AutoLanes: true, Buffer: cfg.BufferSize * cfg.Receivers}
+		lc = lanes.Config{AutoLanes: true, Buffer: cfg.BufferSize * cfg.Receivers}
 	}
-	s.lanes = consumer.NewLanes(lc)
+	s.lanes = lanes.New(lc)
 	s.logStart()
 	return s, nil
 }
@@ -238,7 +239,7 @@ func (s *Source) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
 	}
 	s.start()
 	b, err := s.lanes.Next(ctx, max)
-	if errors.Is(err, consumer.ErrLanesClosed) {
+	if errors.Is(err, lanes.ErrClosed) {
 		return nil, ErrClosed
 	}
 	if err != nil {

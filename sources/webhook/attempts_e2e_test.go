@@ -10,6 +10,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/effectively-once/effectively/sources/webhook"
@@ -95,7 +96,7 @@ func TestAttemptsSurviveRestart(t *testing.T) {
 		}
 	}
 	p := consumertest.Parked(t, pool, "", "")
-	if len(p) != 1 || p[0].Reason != consumer.ReasonMaxAttempts || p[0].Attempts != maxAttempts {
+	if len(p) != 1 || p[0].Reason != parked.ReasonMaxAttempts || p[0].Attempts != maxAttempts {
 		t.Fatalf("parked %+v; want evt_restarts, max_attempts after %d", p, maxAttempts)
 	}
 

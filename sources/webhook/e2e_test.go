@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/sources/webhook"
 	"github.com/jackc/pgx/v5"
 )
@@ -213,7 +214,7 @@ func TestPoison(t *testing.T) {
 	if len(p) != 1 {
 		t.Fatalf("%d parked rows, want 1", len(p))
 	}
-	if p[0].Reason != consumer.ReasonPermanent || deref(p[0].DedupeID) != "evt_poison" || !bytes.Equal(p[0].Payload, body) || p[0].Source != webhook.SourceName {
+	if p[0].Reason != parked.ReasonPermanent || deref(p[0].DedupeID) != "evt_poison" || !bytes.Equal(p[0].Payload, body) || p[0].Source != webhook.SourceName {
 		t.Fatalf("parked %+v; want evt_poison, reason permanent, its body", p[0])
 	}
 	if !hasHeader(p[0], "Stripe-Signature") || hasHeader(p[0], "Authorization") {
@@ -231,7 +232,7 @@ func TestPoison(t *testing.T) {
 	}
 }
 
-func hasHeader(p consumer.ParkedRow, name string) bool {
+func hasHeader(p parked.Row, name string) bool {
 	for _, h := range p.Headers {
 		if h.Key == name {
 			return true
@@ -259,7 +260,7 @@ func TestMaxAttempts(t *testing.T) {
 	}
 	expectStatus(t, "delivery 3", e.post(body), http.StatusOK)
 	p := e.parked()
-	if len(p) != 1 || p[0].Reason != consumer.ReasonMaxAttempts || p[0].Attempts != 3 || deref(p[0].DedupeID) != "evt_doomed" {
+	if len(p) != 1 || p[0].Reason != parked.ReasonMaxAttempts || p[0].Attempts != 3 || deref(p[0].DedupeID) != "evt_doomed" {
 		t.Fatalf("parked %+v; want evt_doomed, reason max_attempts, 3 attempts", p)
 	}
 	expectStatus(t, "delivery 4", e.post(body), http.StatusOK)
@@ -277,7 +278,7 @@ func TestNoEventID(t *testing.T) {
 	body := []byte(`{"type":"ping"}`)
 	expectStatus(t, "an event without an id", e.post(body), http.StatusOK)
 	p := e.parked()
-	if len(p) != 1 || p[0].Reason != consumer.ReasonInvalidKey || !bytes.Equal(p[0].Payload, body) {
+	if len(p) != 1 || p[0].Reason != parked.ReasonInvalidKey || !bytes.Equal(p[0].Payload, body) {
 		t.Fatalf("parked %+v; want the body, reason invalid_key", p)
 	}
 	if counts := e.effectCounts(); len(counts) != 0 {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/lanes"
 )
 
 // Result is what became of a request, as Observe reports it.
@@ -207,7 +208,7 @@ func (s *Source) enqueue(r *http.Request, m *consumer.Message) (*delivery, int, 
 	lane, id := m.Lane, m.ID
 	n, err := s.lanes.Reserve(r.Context(), lane, 1)
 	if err != nil {
-		if errors.Is(err, consumer.ErrLanesClosed) {
+		if errors.Is(err, lanes.ErrClosed) {
 			err = ErrClosed
 		}
 		return nil, 0, err

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/lanes"
 	"github.com/effectively-once/effectively/dedupe"
 )
 
@@ -31,7 +32,7 @@ const SourceName = "webhook"
 type Source struct {
 	cfg      Config
 	log      *slog.Logger
-	lanes    *consumer.Lanes
+	lanes    *lanes.Lanes
 	laneName []string // the default lanes' names
 	tries    *attempts
 	store    *attemptStore    // Config.DB's attempt counts, or nil
@@ -90,7 +91,7 @@ func New(cfg Config) (*Source, error) {
 	s := &Source{
 		cfg:    cfg,
 		log:    cfg.Logger,
-		lanes:  consumer.NewLanes(consumer.LanesConfig{AutoLanes: true, Buffer: cfg.MaxQueued}),
+		lanes:  lanes.New(lanes.Config{AutoLanes: true, Buffer: cfg.MaxQueued}),
 		tries:  newAttempts(cfg.MaxTracked),
 		up:     make(chan struct{}),
 		queued: map[*delivery]struct{}{},
@@ -190,7 +191,7 @@ func (s *Source) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
 	for {
 		b, err := s.lanes.Next(ctx, max)
 		if err != nil {
-			if errors.Is(err, consumer.ErrLanesClosed) {
+			if errors.Is(err, lanes.ErrClosed) {
 				err = ErrClosed
 			}
 			s.noteFetchEnd(ctx, false)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/sources/webhook"
 )
 
@@ -62,7 +63,7 @@ func TestUnkeyedRepeatsParkOnce(t *testing.T) {
 	if len(p) != 1 {
 		t.Fatalf("%d repeats of one signed body left %d parked rows, want 1", n+conc, len(p))
 	}
-	if p[0].Reason != consumer.ReasonInvalidKey || p[0].ParkCount != n+conc || string(p[0].Payload) != string(body) {
+	if p[0].Reason != parked.ReasonInvalidKey || p[0].ParkCount != n+conc || string(p[0].Payload) != string(body) {
 		t.Fatalf("parked %+v; want the body, reason invalid_key, parked %d times", p[0], n+conc)
 	}
 	if p[0].Ref != webhook.BodyID(body) {

@@ -1,22 +1,24 @@
-package consumer
+package lanes
 
 import (
 	"context"
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/effectively-once/effectively/consumer"
 )
 
-// ErrLanesClosed is returned by Lanes.Next and Lanes.Reserve after
+// ErrClosed is returned by Lanes.Next and Lanes.Reserve after
 // Lanes.Close.
-var ErrLanesClosed = errors.New("consumer: lanes closed")
+var ErrClosed = errors.New("lanes: closed")
 
-// ErrLaneStopped is returned by Lanes.Reserve for a lane that was stopped
-// or removed (or, without LanesConfig.AutoLanes, never opened).
-var ErrLaneStopped = errors.New("consumer: lane stopped")
+// ErrStopped is returned by Lanes.Reserve for a lane that was stopped
+// or removed (or, without Config.AutoLanes, never opened).
+var ErrStopped = errors.New("lanes: lane stopped")
 
-// LanesConfig configures a Lanes.
-type LanesConfig struct {
+// Config configures a Lanes.
+type Config struct {
 	// LaneBuffer bounds the messages of one lane that wait for their first
 	// delivery, reserved places included (see Lanes.Reserve). Defaults to
 	// 0: no bound.
@@ -45,8 +47,8 @@ type LanesConfig struct {
 //   - delayed redelivery: a retried message is handed out again once its
 //     delay is over, an abandoned one at once, before the lane's messages
 //     not yet delivered, in lane order, as a copy of the message handed
-//     back (whose reader may still look at it) with Message.Attempt one
-//     higher;
+//     back (whose reader may still look at it) with
+//     [consumer.Message].Attempt one higher;
 //   - backpressure: Reserve blocks while a lane (LaneBuffer) or all lanes
 //     (Buffer) hold as many undelivered messages as allowed, so that the
 //     pulling goroutine stops pulling;
@@ -58,7 +60,7 @@ type LanesConfig struct {
 // by polling. Lanes is safe for concurrent use. It never calls out to the
 // source, so a source may call it while holding its own lock.
 type Lanes struct {
-	cfg LanesConfig
+	cfg Config
 
 	mu       sync.Mutex
 	lanes    map[string]*laneQueue
@@ -74,7 +76,7 @@ type Lanes struct {
 
 type laneSlot struct {
 	seq uint64
-	m   *Message
+	m   *consumer.Message
 	due time.Time
 }
 
@@ -83,7 +85,7 @@ type laneQueue struct {
 	data     any
 	fresh    []laneSlot // added, never delivered, in lane order
 	retries  []laneSlot // handed back, by lane order
-	inFlight *Batch
+	inFlight *consumer.Batch
 	seqs     []uint64 // lane order of inFlight's messages, by position
 	next     uint64   // lane order of the next message added
 	reserved int
@@ -92,8 +94,8 @@ type laneQueue struct {
 	queued   bool // in Lanes.ready
 }
 
-// NewLanes returns an empty Lanes.
-func NewLanes(cfg LanesConfig) *Lanes {
+// New returns an empty Lanes.
+func New(cfg Config) *Lanes {
 	return &Lanes{
 		cfg:     cfg,
 		lanes:   map[string]*laneQueue{},
@@ -101,8 +103,9 @@ func NewLanes(cfg LanesConfig) *Lanes {
 	}
 }
 
-// Open adds a lane whose batches carry data as Batch.SourceData. A lane of
-// the same name that is still there is removed first, as by Remove.
+// Open adds a lane whose batches carry data as
+// [consumer.Batch].SourceData. A lane of the same name that is still there
+// is removed first, as by Remove.
 func (s *Lanes) Open(name string, data any) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -128,7 +131,7 @@ func (s *Lanes) Stop(name string) {
 // Remove drops a lane and returns its batch in flight, if any, and the
 // messages it held for redelivery, in lane order. Its undelivered messages
 // are dropped, and the batch in flight can no longer be settled.
-func (s *Lanes) Remove(name string) (inFlight *Batch, retries []*Message) {
+func (s *Lanes) Remove(name string) (inFlight *consumer.Batch, retries []*consumer.Message) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l := s.lanes[name]
@@ -156,8 +159,8 @@ func (s *Lanes) removeLocked(l *laneQueue) {
 // undelivered message and reserves up to n places, as many as the bounds
 // allow, and returns how many. The places count as buffered until given
 // back with Unreserve; reserve before pulling from the broker, Add what
-// came, then Unreserve. Reserve returns ErrLaneStopped for a lane that is
-// stopped or unknown (without AutoLanes), ErrLanesClosed after Close, or
+// came, then Unreserve. Reserve returns ErrStopped for a lane that is
+// stopped or unknown (without AutoLanes), ErrClosed after Close, or
 // ctx's error.
 func (s *Lanes) Reserve(ctx context.Context, name string, n int) (int, error) {
 	n = max(n, 1)
@@ -165,14 +168,14 @@ func (s *Lanes) Reserve(ctx context.Context, name string, n int) (int, error) {
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
-			return 0, ErrLanesClosed
+			return 0, ErrClosed
 		}
 		var l *laneQueue
 		if name != "" {
 			l = s.lanes[name]
 			if (l == nil && !s.cfg.AutoLanes) || (l != nil && l.stopped) {
 				s.mu.Unlock()
-				return 0, ErrLaneStopped
+				return 0, ErrStopped
 			}
 		}
 		room := n
@@ -233,7 +236,7 @@ func (s *Lanes) Unreserve(name string, n int) {
 // never blocks (Reserve is what bounds the buffer). It returns false, and
 // files nothing, when the lane is stopped or unknown (without AutoLanes) or
 // Lanes is closed.
-func (s *Lanes) Add(name string, msgs ...*Message) bool {
+func (s *Lanes) Add(name string, msgs ...*consumer.Message) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l := s.lanes[name]
@@ -249,7 +252,7 @@ func (s *Lanes) Add(name string, msgs ...*Message) bool {
 }
 
 // appendFresh files msgs as l's undelivered messages. s.mu must be held.
-func (s *Lanes) appendFresh(l *laneQueue, msgs []*Message) {
+func (s *Lanes) appendFresh(l *laneQueue, msgs []*consumer.Message) {
 	for _, m := range msgs {
 		l.fresh = append(l.fresh, laneSlot{seq: l.next, m: m})
 		l.next++
@@ -272,10 +275,10 @@ func (s *Lanes) SetError(err error) {
 // Next blocks until a lane that is not in flight has messages to hand out
 // (added ones, or handed-back ones that are due) and returns up to limit of
 // them as a batch of that lane, due redeliveries first; the lane is in
-// flight until the batch is settled. It returns ErrLanesClosed after
+// flight until the batch is settled. It returns ErrClosed after
 // Close, the error given to SetError while there are no lanes, or ctx's
 // error.
-func (s *Lanes) Next(ctx context.Context, limit int) (*Batch, error) {
+func (s *Lanes) Next(ctx context.Context, limit int) (*consumer.Batch, error) {
 	limit = max(limit, 1)
 	var timer *time.Timer
 	defer func() {
@@ -293,7 +296,7 @@ func (s *Lanes) Next(ctx context.Context, limit int) (*Batch, error) {
 		now := time.Now()
 		if s.closed {
 			s.mu.Unlock()
-			return nil, ErrLanesClosed
+			return nil, ErrClosed
 		}
 		next := s.promote(now)
 		for len(s.ready) > 0 {
@@ -336,8 +339,8 @@ func (s *Lanes) Next(ctx context.Context, limit int) (*Batch, error) {
 }
 
 // take hands out up to limit messages of l. s.mu must be held.
-func (s *Lanes) take(l *laneQueue, limit int, now time.Time) *Batch {
-	b := &Batch{Lane: l.name, SourceData: l.data}
+func (s *Lanes) take(l *laneQueue, limit int, now time.Time) *consumer.Batch {
+	b := &consumer.Batch{Lane: l.name, SourceData: l.data}
 	l.seqs = make([]uint64, 0, min(limit, len(l.retries)+len(l.fresh)))
 	if len(l.retries) > 0 {
 		kept := l.retries[:0]
@@ -431,7 +434,7 @@ func (s *Lanes) update(l *laneQueue, now time.Time) {
 
 // inFlight returns the lane of b when b is its batch in flight. s.mu must
 // be held.
-func (s *Lanes) inFlight(b *Batch) *laneQueue {
+func (s *Lanes) inFlight(b *consumer.Batch) *laneQueue {
 	if b == nil {
 		return nil
 	}

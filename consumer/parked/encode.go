@@ -1,4 +1,4 @@
-package consumer
+package parked
 
 import (
 	"bytes"
@@ -84,13 +84,6 @@ func cleanText(s string) string {
 	return strings.ReplaceAll(s, "\x00", "\uFFFD")
 }
 
-func textOrNil(s string, ok bool) *string {
-	if !ok || s == "" {
-		return nil
-	}
-	return &s
-}
-
 // messageHash identifies a parked message: scope, source, ref, key, payload
 // and headers, each nil told from empty. The same delivery, or a
 // redelivery of the same stored message, has the same hash; another message
@@ -101,7 +94,7 @@ func textOrNil(s string, ok bool) *string {
 // redelivery is a duplicate however a source reports an empty value), it
 // tells a nil payload from an empty one: a tombstone and an empty message
 // are two rows.
-func messageHash(scope string, m *Message) []byte {
+func messageHash(r *Row) []byte {
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte
 	str := func(s string) {
@@ -117,13 +110,13 @@ func messageHash(scope string, m *Message) []byte {
 		str(string(b))
 	}
 	str("effectively.parked/1")
-	str(scope)
-	str(m.Source)
-	str(m.Ref)
-	opt(m.Key)
-	opt(m.Value)
-	h.Write(n[:binary.PutUvarint(n[:], uint64(len(m.Headers)))])
-	for _, hd := range m.Headers {
+	str(r.Scope)
+	str(r.Source)
+	str(r.Ref)
+	opt(r.MsgKey)
+	opt(r.Payload)
+	h.Write(n[:binary.PutUvarint(n[:], uint64(len(r.Headers)))])
+	for _, hd := range r.Headers {
 		str(hd.Key)
 		opt(hd.Value)
 	}

@@ -1,4 +1,4 @@
-package consumer
+package lanes
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/highwater"
 	"github.com/effectively-once/effectively/pgtest"
@@ -23,11 +24,11 @@ type abandonSource struct {
 	once  sync.Once
 }
 
-func (s *abandonSource) Fetch(ctx context.Context, max int) (*Batch, error) {
+func (s *abandonSource) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
 	return s.lanes.Next(ctx, max)
 }
 
-func (s *abandonSource) Settle(_ context.Context, b *Batch, ack []*Message, retry []Retry) error {
+func (s *abandonSource) Settle(_ context.Context, b *consumer.Batch, ack []*consumer.Message, retry []consumer.Retry) error {
 	abandoned := len(ack) == 0 && len(retry) == 0
 	forced := false
 	if abandoned {
@@ -66,14 +67,14 @@ func TestAbandonedMessageAppliesBeforeItsSendersNext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lanes := NewLanes(LanesConfig{})
+	lanes := New(Config{})
 	lanes.Open("p", nil)
 	for seq := 1; seq <= 2; seq++ {
-		lanes.Add("p", &Message{Lane: "p", Ref: strconv.Itoa(seq), Attempt: 1, Headers: []Header{
+		lanes.Add("p", &consumer.Message{Lane: "p", Ref: strconv.Itoa(seq), Attempt: 1, Headers: []consumer.Header{
 			{Key: "sender", Value: []byte("s")}, {Key: "seq", Value: []byte(strconv.Itoa(seq))},
 		}})
 	}
-	handler := func(ctx context.Context, tx pgx.Tx, m *Message) error {
+	handler := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		if m.DedupeKey.Seq == 1 && m.Attempt == 1 {
 			// The connection is lost mid-batch: the batch is abandoned.
 			_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
@@ -82,10 +83,10 @@ func TestAbandonedMessageAppliesBeforeItsSendersNext(t *testing.T) {
 		_, err := tx.Exec(ctx, `INSERT INTO effects (seq) VALUES ($1)`, m.DedupeKey.Seq)
 		return err
 	}
-	c, err := New(pool, &abandonSource{t: t, lanes: lanes}, Config{
+	c, err := consumer.New(pool, &abandonSource{t: t, lanes: lanes}, consumer.Config{
 		Name:     "abandon",
 		Strategy: strat,
-		KeyFunc: func(m *Message) (dedupe.Key, error) {
+		KeyFunc: func(m *consumer.Message) (dedupe.Key, error) {
 			return highwater.HeaderKey(m.Header, "sender", "seq")
 		},
 		Handler:      handler,

@@ -1,4 +1,4 @@
-package consumer
+package lanes
 
 import (
 	"context"
@@ -10,17 +10,19 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/effectively-once/effectively/consumer"
 )
 
-func laneMsgs(lane string, n int) []*Message {
-	out := make([]*Message, n)
+func laneMsgs(lane string, n int) []*consumer.Message {
+	out := make([]*consumer.Message, n)
 	for i := range out {
-		out[i] = &Message{Lane: lane, ID: fmt.Sprintf("%s/%d", lane, i), Attempt: 1}
+		out[i] = &consumer.Message{Lane: lane, ID: fmt.Sprintf("%s/%d", lane, i), Attempt: 1}
 	}
 	return out
 }
 
-func ids(ms []*Message) []string {
+func ids(ms []*consumer.Message) []string {
 	out := make([]string, len(ms))
 	for i, m := range ms {
 		out[i] = m.ID
@@ -28,7 +30,7 @@ func ids(ms []*Message) []string {
 	return out
 }
 
-func mustNext(t *testing.T, s *Lanes, limit int) *Batch {
+func mustNext(t *testing.T, s *Lanes, limit int) *consumer.Batch {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -39,7 +41,7 @@ func mustNext(t *testing.T, s *Lanes, limit int) *Batch {
 	return b
 }
 
-func wantIDs(t *testing.T, b *Batch, want ...string) {
+func wantIDs(t *testing.T, b *consumer.Batch, want ...string) {
 	t.Helper()
 	if got := ids(b.Messages); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("batch of %s = %v, want %v", b.Lane, got, want)
@@ -47,7 +49,7 @@ func wantIDs(t *testing.T, b *Batch, want ...string) {
 }
 
 func TestLanesOrderAndExclusiveLane(t *testing.T) {
-	s := NewLanes(LanesConfig{})
+	s := New(Config{})
 	s.Open("a", "data-a")
 	s.Open("b", nil)
 	a := laneMsgs("a", 5)
@@ -77,9 +79,9 @@ func TestLanesOrderAndExclusiveLane(t *testing.T) {
 }
 
 func TestLanesWakesOnAdd(t *testing.T) {
-	s := NewLanes(LanesConfig{})
+	s := New(Config{})
 	s.Open("a", nil)
-	got := make(chan *Batch)
+	got := make(chan *consumer.Batch)
 	go func() {
 		b, err := s.Next(context.Background(), 10)
 		if err != nil {
@@ -92,7 +94,7 @@ func TestLanesWakesOnAdd(t *testing.T) {
 }
 
 func TestLanesRedelivery(t *testing.T) {
-	s := NewLanes(LanesConfig{})
+	s := New(Config{})
 	s.Open("a", nil)
 	m := laneMsgs("a", 6)
 	s.Add("a", m...)
@@ -101,7 +103,7 @@ func TestLanesRedelivery(t *testing.T) {
 	settled := time.Now()
 	// m0 acked, m1 retried later, m3 and m2 retried at once (given out of
 	// order), nothing abandoned.
-	s.Settle(b, m[:1], []Retry{{Message: m[1], Delay: delay}, {Message: m[3]}, {Message: m[2]}})
+	s.Settle(b, m[:1], []consumer.Retry{{Message: m[1], Delay: delay}, {Message: m[3]}, {Message: m[2]}})
 	// Due ones first, in lane order, then undelivered ones; m1 still waits.
 	b = mustNext(t, s, 3)
 	wantIDs(t, b, "a/2", "a/3", "a/4")
@@ -135,12 +137,12 @@ func TestLanesRedelivery(t *testing.T) {
 }
 
 func TestLanesRetryBeforeUndelivered(t *testing.T) {
-	s := NewLanes(LanesConfig{})
+	s := New(Config{})
 	s.Open("a", nil)
 	m := laneMsgs("a", 4)
 	s.Add("a", m[:2]...)
 	b := mustNext(t, s, 2)
-	s.Settle(b, m[:1], []Retry{{Message: m[1]}})
+	s.Settle(b, m[:1], []consumer.Retry{{Message: m[1]}})
 	s.Add("a", m[2:]...)
 	wantIDs(t, mustNext(t, s, 10), "a/1", "a/2", "a/3")
 }
@@ -150,7 +152,7 @@ func TestLanesBackpressure(t *testing.T) {
 	cancel()
 	ctx := context.Background()
 
-	s := NewLanes(LanesConfig{LaneBuffer: 2, Buffer: 3})
+	s := New(Config{LaneBuffer: 2, Buffer: 3})
 	s.Open("a", nil)
 	s.Open("b", nil)
 	if n, err := s.Reserve(ctx, "a", 5); n != 2 || err != nil {
@@ -181,7 +183,7 @@ func TestLanesBackpressure(t *testing.T) {
 		t.Fatalf("Reserve after one message was taken = %d, want 1", n)
 	}
 	// Retries do not count: settling b with a retry leaves the room as is.
-	s.Settle(b, nil, []Retry{{Message: b.Messages[0]}})
+	s.Settle(b, nil, []consumer.Retry{{Message: b.Messages[0]}})
 	if _, err := s.Reserve(cancelled, "a", 1); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Reserve of a full lane = %v, want it to block", err)
 	}
@@ -193,8 +195,8 @@ func TestLanesBackpressure(t *testing.T) {
 		errc <- err
 	}()
 	s.Stop("a")
-	if err := <-errc; !errors.Is(err, ErrLaneStopped) {
-		t.Fatalf("Reserve of a stopped lane = %v, want ErrLaneStopped", err)
+	if err := <-errc; !errors.Is(err, ErrStopped) {
+		t.Fatalf("Reserve of a stopped lane = %v, want ErrStopped", err)
 	}
 	if s.Add("a", laneMsgs("a", 1)...) {
 		t.Fatal("Add to a stopped lane = true")
@@ -202,7 +204,7 @@ func TestLanesBackpressure(t *testing.T) {
 }
 
 func TestLanesFairness(t *testing.T) {
-	s := NewLanes(LanesConfig{})
+	s := New(Config{})
 	for _, n := range []string{"a", "b", "c"} {
 		s.Open(n, nil)
 	}
@@ -221,7 +223,7 @@ func TestLanesFairness(t *testing.T) {
 }
 
 func TestLanesAutoLanesAndFinish(t *testing.T) {
-	s := NewLanes(LanesConfig{AutoLanes: true})
+	s := New(Config{AutoLanes: true})
 	m := laneMsgs("g", 3)
 	s.Add("g", m...)
 	b := mustNext(t, s, 1)
@@ -242,7 +244,7 @@ func TestLanesAutoLanesAndFinish(t *testing.T) {
 }
 
 func TestLanesResetRemoveClose(t *testing.T) {
-	s := NewLanes(LanesConfig{})
+	s := New(Config{})
 	s.Open("a", nil)
 	m := laneMsgs("a", 3)
 	s.Add("a", m...)
@@ -253,7 +255,7 @@ func TestLanesResetRemoveClose(t *testing.T) {
 	}
 	b = mustNext(t, s, 10)
 	wantIDs(t, b, "a/0", "a/1", "a/2")
-	s.Settle(b, m[:1], []Retry{{Message: m[2], Delay: time.Hour}})
+	s.Settle(b, m[:1], []consumer.Retry{{Message: m[2], Delay: time.Hour}})
 	if st := s.Lane("a"); fmt.Sprint(ids(st.Retries)) != "[a/1 a/2]" || st.InFlight != nil {
 		t.Fatalf("lane state %v, want retries [a/1 a/2] and nothing in flight", ids(st.Retries))
 	}
@@ -283,7 +285,7 @@ func TestLanesResetRemoveClose(t *testing.T) {
 	if left := s.Close(); fmt.Sprint(ids(left)) != "[c/0 c/1]" {
 		t.Fatalf("Close returned %v, want [c/0 c/1]", ids(left))
 	}
-	if _, err := s.Next(context.Background(), 1); !errors.Is(err, ErrLanesClosed) {
+	if _, err := s.Next(context.Background(), 1); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Next after Close = %v", err)
 	}
 	if s.Add("c", laneMsgs("c", 1)...) {
@@ -292,7 +294,7 @@ func TestLanesResetRemoveClose(t *testing.T) {
 }
 
 func TestLanesSetError(t *testing.T) {
-	s := NewLanes(LanesConfig{})
+	s := New(Config{})
 	boom := errors.New("boom")
 	errc := make(chan error)
 	go func() {
@@ -317,7 +319,7 @@ func TestLanesSetError(t *testing.T) {
 // order, and that everything is acknowledged in the end.
 func TestLanesConcurrent(t *testing.T) {
 	const lanes, perLane, fetchers = 6, 300, 4
-	s := NewLanes(LanesConfig{LaneBuffer: 8, Buffer: 24})
+	s := New(Config{LaneBuffer: 8, Buffer: 24})
 	names := make([]string, lanes)
 	for i := range names {
 		names[i] = fmt.Sprintf("l%d", i)
@@ -359,7 +361,7 @@ func TestLanesConcurrent(t *testing.T) {
 			for n := 0; ; n++ {
 				b, err := s.Next(ctx, 7)
 				if err != nil {
-					if !errors.Is(err, ErrLanesClosed) {
+					if !errors.Is(err, ErrClosed) {
 						t.Error(err)
 					}
 					return
@@ -369,8 +371,8 @@ func TestLanesConcurrent(t *testing.T) {
 				if busy[li].Swap(true) {
 					t.Errorf("lane %s handed out twice at once", b.Lane)
 				}
-				var ack []*Message
-				var retry []Retry
+				var ack []*consumer.Message
+				var retry []consumer.Retry
 				mu.Lock()
 				for i, m := range b.Messages {
 					var idx int
@@ -382,7 +384,7 @@ func TestLanesConcurrent(t *testing.T) {
 						firstSeen[b.Lane] = idx + 1
 					}
 					if m.Attempt == 1 && (idx+f+n+i)%5 == 0 {
-						retry = append(retry, Retry{Message: m, Delay: time.Millisecond})
+						retry = append(retry, consumer.Retry{Message: m, Delay: time.Millisecond})
 					} else {
 						ack = append(ack, m)
 					}
@@ -422,7 +424,7 @@ func TestLanesConcurrent(t *testing.T) {
 // passed the earlier one by: a lost message. The test holds the lock
 // while Next waits for it, and settles the batch then.
 func TestLanesAbandonedBeforeUndeliveredToAWaitingNext(t *testing.T) {
-	s := NewLanes(LanesConfig{})
+	s := New(Config{})
 	s.Open("a", nil)
 	s.Add("a", laneMsgs("a", 4)...)
 	b := mustNext(t, s, 2)
@@ -432,7 +434,7 @@ func TestLanesAbandonedBeforeUndeliveredToAWaitingNext(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	type result struct {
-		b   *Batch
+		b   *consumer.Batch
 		err error
 	}
 	next := make(chan result, 1)

@@ -1,4 +1,22 @@
-package consumer
+// Package merge sends fewer statements for what a consumer.QueueHandler
+// queued, without changing what they do.
+//
+// Merging single-row INSERTs: the commonest queued statement writes one
+// row: INSERT INTO t (a, b) VALUES ($1, $2). Sent once per message, each
+// costs PostgreSQL a statement of its own (bind, executor start and end),
+// which the same rows written by one statement do not. So a run of such
+// statements, with the same text and no callback, queued one after the
+// other (by consecutive messages, or by one message), is sent as one
+// multi-row INSERT: the same rows, in the same order, at the same point of
+// the batch. Should a merged statement fail, no message can be blamed: the
+// pass ends (ErrMerged) and the next one sends every statement as queued,
+// which blames the right message.
+//
+// Combining: statements whose only argument is a consumer.Combiner, with
+// no callback and the same text, are sent as the one statement that the
+// first one's Combine returns for all of them (see Combining). A combined
+// statement that fails ends the pass in the same way.
+package merge
 
 import (
 	"errors"
@@ -10,20 +28,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Merging single-row INSERTs. The commonest queued statement writes one
-// row: INSERT INTO t (a, b) VALUES ($1, $2). Sent once per message, each
-// costs PostgreSQL a statement of its own (bind, executor start and end),
-// which the same rows written by one statement do not. So a run of such
-// statements, with the same text and no callback, queued one after the
-// other (by consecutive messages, or by one message), is sent as one
-// multi-row INSERT: the same rows, in the same order, at the same point of
-// the batch. Should a merged statement fail, no message can be blamed: the
-// pass ends (errMerged) and the next one sends every statement as queued,
-// which blames the right message.
-
-// errMerged ends a pass in which a merged INSERT, or a statement that
-// combines several Combiners' (queue_combine.go), failed.
-var errMerged = errors.New("a merged INSERT or combined statement failed")
+// ErrMerged ends a pass in which a merged INSERT, or a statement that
+// combines several Combiners', failed.
+var ErrMerged = errors.New("a merged INSERT or combined statement failed")
 
 // maxParams is the most parameters one statement may have.
 const maxParams = 65535
@@ -46,17 +53,19 @@ type rowInsert struct {
 	forms map[int]string // rows → merged text
 }
 
-// merger caches what it learned of statement texts.
-type merger struct {
+// Merger merges runs of statements, caching what it learned of statement
+// texts. The zero value is ready to use, and a Merger is safe for
+// concurrent use.
+type Merger struct {
 	mu    sync.Mutex
 	texts map[string]*rowInsert
 }
 
-// maxTexts bounds the texts a merger remembers (handlers that build their
+// maxTexts bounds the texts a Merger remembers (handlers that build their
 // SQL as they go would otherwise grow it without end).
 const maxTexts = 1024
 
-func (mg *merger) lookup(sql string) *rowInsert {
+func (mg *Merger) lookup(sql string) *rowInsert {
 	mg.mu.Lock()
 	defer mg.mu.Unlock()
 	if ri, ok := mg.texts[sql]; ok {
@@ -125,7 +134,7 @@ func (ri *rowInsert) form(rows int) string {
 }
 
 // mergeable reports whether qq can go in a merged INSERT, and how.
-func (mg *merger) mergeable(qq *pgx.QueuedQuery) *rowInsert {
+func (mg *Merger) mergeable(qq *pgx.QueuedQuery) *rowInsert {
 	if qq.Fn != nil || len(qq.Arguments) == 0 {
 		return nil
 	}
@@ -139,21 +148,35 @@ func (mg *merger) mergeable(qq *pgx.QueuedQuery) *rowInsert {
 	return ri
 }
 
-// merge returns the batch to send for queued, with runs of statements of
-// a Combiner of the same text combined and, with inserts, runs of
-// mergeable statements of the same text merged, and for each statement
-// sent, the first of queued it stands for (the last stands for the rest).
-func (mg *merger) merge(queued []*pgx.QueuedQuery, inserts bool) ([]*pgx.QueuedQuery, []int) {
+// Combining tells the statements that combine and combines them: those
+// whose only argument is a consumer.Combiner, which this package cannot
+// name.
+type Combining interface {
+	// Combinable reports whether qq can be combined with the statements of
+	// its text.
+	Combinable(qq *pgx.QueuedQuery) bool
+	// Combine returns the one statement that stands for run (statements
+	// that can be combined, of one text), or nil when they cannot be
+	// combined.
+	Combine(run []*pgx.QueuedQuery) *pgx.QueuedQuery
+}
+
+// Merge returns the batch to send for queued, with runs of statements of
+// a Combiner of the same text combined (as c tells) and, with inserts,
+// runs of mergeable statements of the same text merged, and for each
+// statement sent, the first of queued it stands for (the last stands for
+// the rest).
+func (mg *Merger) Merge(queued []*pgx.QueuedQuery, inserts bool, c Combining) ([]*pgx.QueuedQuery, []int) {
 	sent := make([]*pgx.QueuedQuery, 0, len(queued))
 	from := make([]int, 0, len(queued))
 	for i := 0; i < len(queued); {
-		if combinerOf(queued[i]) != nil {
+		if c.Combinable(queued[i]) {
 			j := i + 1
-			for j < len(queued) && queued[j].SQL == queued[i].SQL && combinerOf(queued[j]) != nil {
+			for j < len(queued) && queued[j].SQL == queued[i].SQL && c.Combinable(queued[j]) {
 				j++
 			}
 			if j-i >= 2 {
-				if qq := combine(queued[i:j]); qq != nil {
+				if qq := c.Combine(queued[i:j]); qq != nil {
 					sent, from = append(sent, qq), append(from, i)
 					i = j
 					continue

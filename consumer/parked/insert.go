@@ -1,4 +1,4 @@
-package consumer
+package parked
 
 import (
 	"context"
@@ -45,14 +45,14 @@ func eqInt(a, b *int64) bool  { return (a == nil) == (b == nil) && (a == nil || 
 
 // colsOf renders r for the insert: source, lane and ref as readable text
 // with their exact bytes beside, headers as JSON, the error cleaned to text.
-func colsOf(r *ParkedRow) *parkCols {
+func colsOf(r *Row) *parkCols {
 	p := &parkCols{
 		count: int32(max(r.ParkCount, 1)), consumer: r.Consumer, scope: r.Scope,
 		dedupeID: r.DedupeID, sender: r.Sender, seq: r.Seq, fp: r.Fingerprint,
 		hasKey: r.HasKey(), hasMarker: r.HasMarker,
 		attempts: int32(r.Attempts), reason: r.Reason, lastErr: cleanText(r.LastError),
 	}
-	p.hash = messageHash(r.Scope, &Message{Source: r.Source, Ref: r.Ref, Key: r.MsgKey, Value: r.Payload, Headers: r.Headers})
+	p.hash = messageHash(r)
 	p.source, _ = renderText(r.Source)
 	p.lane, _ = renderText(r.Lane)
 	p.ref, _ = renderText(r.Ref)
@@ -78,7 +78,7 @@ func colsOf(r *ParkedRow) *parkCols {
 // first here, since one statement cannot update a row twice, then by the
 // statement's ON CONFLICT clause. New rows take ids in the order of rows,
 // which is the order Redrive takes them.
-func (s *ParkedStore) InsertTx(ctx context.Context, tx pgx.Tx, rows []ParkedRow) error {
+func (s *Store) InsertTx(ctx context.Context, tx pgx.Tx, rows []Row) error {
 	if len(rows) == 0 {
 		return nil
 	}

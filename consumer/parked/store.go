@@ -1,4 +1,4 @@
-package consumer
+package parked
 
 import (
 	"context"
@@ -6,12 +6,44 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/effectively-once/effectively/dedupe"
 	"github.com/jackc/pgx/v5"
 )
 
-// ParkedFilter selects rows of the parked table. The zero value selects
+// Store is the parked table's one owner: every statement on the
+// table is one of its methods. Methods without a pgx.Tx run in a
+// transaction of their own on the store's database; the ...Tx methods run
+// in the caller's transaction, so that what they do commits or rolls back
+// with it.
+type Store struct {
+	db     dedupe.DB
+	schema string
+	table  string
+	ident  string // quoted schema.table
+}
+
+// NewStore returns the store of the parked table schema.table on db.
+// schema defaults to "effectively" and table to "parked", as in
+// consumer.Config. db may be nil when only the ...Tx methods are used.
+func NewStore(db dedupe.DB, schema, table string) *Store {
+	if schema == "" {
+		schema = dedupe.DefaultSchema
+	}
+	if table == "" {
+		table = "parked"
+	}
+	return &Store{db: db, schema: schema, table: table, ident: pgx.Identifier{schema, table}.Sanitize()}
+}
+
+// Table returns the table's quoted name, schema.table.
+func (s *Store) Table() string { return s.ident }
+
+// Line returns the table's migration line (see Line).
+func (s *Store) Line() dedupe.Line { return Line(s.schema, s.table) }
+
+// Filter selects rows of the parked table. The zero value selects
 // every row.
-type ParkedFilter struct {
+type Filter struct {
 	// Scope, when set, limits the selection to this scope.
 	Scope string
 	// Source, when set, limits it to messages of this source ("kafka",
@@ -33,7 +65,7 @@ type ParkedFilter struct {
 
 // where returns f as a WHERE clause on $1…$6 and its arguments, with the
 // limit as a seventh.
-func (f ParkedFilter) where() (string, []any) {
+func (f Filter) where() (string, []any) {
 	var ids []int64
 	if len(f.IDs) > 0 {
 		ids = f.IDs
@@ -59,7 +91,7 @@ func (f ParkedFilter) where() (string, []any) {
 }
 
 // selectIDs is the filter's rows, oldest first, limited.
-func (f ParkedFilter) selectIDs(table string) (string, []any) {
+func (f Filter) selectIDs(table string) (string, []any) {
 	where, args := f.where()
 	return `SELECT id FROM ` + table + ` WHERE ` + where + ` ORDER BY id LIMIT $7`, args
 }
@@ -69,9 +101,9 @@ const parkedColumns = `id, consumer, scope, dedupe_id, sender, seq, fingerprint,
     attempts, reason, last_error, park_count, parked_at, last_parked_at`
 
 // scanParked reads a row of parkedColumns.
-func scanParked(r pgx.CollectableRow) (ParkedRow, error) {
+func scanParked(r pgx.CollectableRow) (Row, error) {
 	var (
-		p                        ParkedRow
+		p                        Row
 		srcBytes, laneBytes, ref []byte
 		headers                  []byte
 		mt                       *time.Time
@@ -105,7 +137,7 @@ func scanParked(r pgx.CollectableRow) (ParkedRow, error) {
 
 // run runs fn in a transaction of its own on the store's database and
 // commits it.
-func (s *ParkedStore) run(ctx context.Context, fn func(tx pgx.Tx) error) error {
+func (s *Store) run(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	if s.db == nil {
 		return fmt.Errorf("consumer: parked table %s: the store has no database", s.ident)
 	}
@@ -123,12 +155,12 @@ func (s *ParkedStore) run(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return nil
 }
 
-func (s *ParkedStore) wrap(what string, err error) error {
+func (s *Store) wrap(what string, err error) error {
 	return fmt.Errorf("consumer: parked table %s: %s: %w", s.ident, what, err)
 }
 
 // Exists reports whether the table exists.
-func (s *ParkedStore) Exists(ctx context.Context) (bool, error) {
+func (s *Store) Exists(ctx context.Context) (bool, error) {
 	var ok bool
 	err := s.run(ctx, func(tx pgx.Tx) error {
 		return tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.ident).Scan(&ok)
@@ -137,8 +169,8 @@ func (s *ParkedStore) Exists(ctx context.Context) (bool, error) {
 }
 
 // List returns the rows f selects, oldest first.
-func (s *ParkedStore) List(ctx context.Context, f ParkedFilter) ([]ParkedRow, error) {
-	var out []ParkedRow
+func (s *Store) List(ctx context.Context, f Filter) ([]Row, error) {
+	var out []Row
 	err := s.run(ctx, func(tx pgx.Tx) (err error) {
 		out, err = s.ListTx(ctx, tx, f)
 		return err
@@ -147,7 +179,7 @@ func (s *ParkedStore) List(ctx context.Context, f ParkedFilter) ([]ParkedRow, er
 }
 
 // ListTx is List in tx.
-func (s *ParkedStore) ListTx(ctx context.Context, tx pgx.Tx, f ParkedFilter) ([]ParkedRow, error) {
+func (s *Store) ListTx(ctx context.Context, tx pgx.Tx, f Filter) ([]Row, error) {
 	where, args := f.where()
 	rows, err := tx.Query(ctx, `SELECT `+parkedColumns+` FROM `+s.ident+` WHERE `+where+` ORDER BY id LIMIT $7`, args...)
 	if err != nil {
@@ -162,19 +194,19 @@ func (s *ParkedStore) ListTx(ctx context.Context, tx pgx.Tx, f ParkedFilter) ([]
 
 // Get returns the row id, and an error wrapping pgx.ErrNoRows when there
 // is none.
-func (s *ParkedStore) Get(ctx context.Context, id int64) (ParkedRow, error) {
-	ps, err := s.List(ctx, ParkedFilter{IDs: []int64{id}})
+func (s *Store) Get(ctx context.Context, id int64) (Row, error) {
+	ps, err := s.List(ctx, Filter{IDs: []int64{id}})
 	if err != nil {
-		return ParkedRow{}, err
+		return Row{}, err
 	}
 	if len(ps) == 0 {
-		return ParkedRow{}, s.wrap(fmt.Sprintf("row %d", id), pgx.ErrNoRows)
+		return Row{}, s.wrap(fmt.Sprintf("row %d", id), pgx.ErrNoRows)
 	}
 	return ps[0], nil
 }
 
 // IDs returns the ids of the rows f selects, oldest first.
-func (s *ParkedStore) IDs(ctx context.Context, f ParkedFilter) ([]int64, error) {
+func (s *Store) IDs(ctx context.Context, f Filter) ([]int64, error) {
 	var out []int64
 	err := s.run(ctx, func(tx pgx.Tx) error {
 		sql, args := f.selectIDs(s.ident)
@@ -191,7 +223,7 @@ func (s *ParkedStore) IDs(ctx context.Context, f ParkedFilter) ([]int64, error) 
 }
 
 // Count returns how many rows f selects (at most f.Limit).
-func (s *ParkedStore) Count(ctx context.Context, f ParkedFilter) (int64, error) {
+func (s *Store) Count(ctx context.Context, f Filter) (int64, error) {
 	var n int64
 	err := s.run(ctx, func(tx pgx.Tx) error {
 		sql, args := f.selectIDs(s.ident)
@@ -203,9 +235,9 @@ func (s *ParkedStore) Count(ctx context.Context, f ParkedFilter) (int64, error) 
 	return n, err
 }
 
-// ParkedCount is how many rows of a scope were parked for a reason, and
+// Count is how many rows of a scope were parked for a reason, and
 // when the oldest of them was.
-type ParkedCount struct {
+type Count struct {
 	Scope, Reason string
 	Rows          int64
 	Oldest        time.Time
@@ -213,15 +245,15 @@ type ParkedCount struct {
 
 // CountByReason counts the rows of scope ("" for every scope) by scope and
 // reason, ordered by scope and reason.
-func (s *ParkedStore) CountByReason(ctx context.Context, scope string) ([]ParkedCount, error) {
-	var out []ParkedCount
+func (s *Store) CountByReason(ctx context.Context, scope string) ([]Count, error) {
+	var out []Count
 	err := s.run(ctx, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT scope, reason, count(*), min(parked_at) FROM `+s.ident+`
 WHERE $1 = '' OR scope = $1 GROUP BY scope, reason ORDER BY scope, reason`, scope)
 		if err != nil {
 			return s.wrap("count", err)
 		}
-		if out, err = pgx.CollectRows(rows, pgx.RowToStructByPos[ParkedCount]); err != nil {
+		if out, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Count]); err != nil {
 			return s.wrap("count", err)
 		}
 		return nil
@@ -232,7 +264,7 @@ WHERE $1 = '' OR scope = $1 GROUP BY scope, reason ORDER BY scope, reason`, scop
 // Delete deletes the rows f selects, for good, and returns how many it
 // deleted. A message parked with a marker stays a duplicate if its source
 // delivers it again; one parked without would be processed again.
-func (s *ParkedStore) Delete(ctx context.Context, f ParkedFilter) (int64, error) {
+func (s *Store) Delete(ctx context.Context, f Filter) (int64, error) {
 	var n int64
 	err := s.run(ctx, func(tx pgx.Tx) error {
 		sql, args := f.selectIDs(s.ident)
@@ -248,7 +280,7 @@ func (s *ParkedStore) Delete(ctx context.Context, f ParkedFilter) (int64, error)
 
 // HasRefsTx returns, of refs, those that have a row of scope and source, in
 // tx.
-func (s *ParkedStore) HasRefsTx(ctx context.Context, tx pgx.Tx, scope, source string, refs []string) (map[string]bool, error) {
+func (s *Store) HasRefsTx(ctx context.Context, tx pgx.Tx, scope, source string, refs []string) (map[string]bool, error) {
 	raw := make([][]byte, len(refs))
 	for i, r := range refs {
 		raw[i] = []byte(r)
@@ -275,10 +307,10 @@ WHERE scope = $1 AND coalesce(source_bytes, convert_to(source, 'UTF8')) = $2 AND
 // then finds it gone. A redrive takes the row in the transaction that
 // applies its message, so that both commit or roll back together. When the
 // row does not exist (any more), the error wraps pgx.ErrNoRows.
-func (s *ParkedStore) TakeTx(ctx context.Context, tx pgx.Tx, scope string, id int64) (ParkedRow, error) {
+func (s *Store) TakeTx(ctx context.Context, tx pgx.Tx, scope string, id int64) (Row, error) {
 	rows, err := tx.Query(ctx, `DELETE FROM `+s.ident+` WHERE id = $1 AND scope = $2 RETURNING `+parkedColumns, id, scope)
 	if err != nil {
-		return ParkedRow{}, s.wrap(fmt.Sprintf("taking row %d", id), err)
+		return Row{}, s.wrap(fmt.Sprintf("taking row %d", id), err)
 	}
 	p, err := pgx.CollectExactlyOneRow(rows, scanParked)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -292,7 +324,7 @@ func (s *ParkedStore) TakeTx(ctx context.Context, tx pgx.Tx, scope string, id in
 
 // RecordFailure notes on the row id that a redrive failed with msg: one
 // more attempt, and msg as its last error. The row stays parked.
-func (s *ParkedStore) RecordFailure(ctx context.Context, id int64, msg string) error {
+func (s *Store) RecordFailure(ctx context.Context, id int64, msg string) error {
 	return s.run(ctx, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `UPDATE `+s.ident+` SET attempts = attempts + 1, last_error = $2 WHERE id = $1`,
 			id, cleanText(msg)); err != nil {
@@ -306,14 +338,14 @@ func (s *ParkedStore) RecordFailure(ctx context.Context, id int64, msg string) e
 // it: a concurrent TakeTx or LockTx of the row waits until tx ends. With
 // skipLocked, a row another transaction holds is not waited for: the error
 // then wraps pgx.ErrNoRows, as for a row that does not exist.
-func (s *ParkedStore) LockTx(ctx context.Context, tx pgx.Tx, scope string, id int64, skipLocked bool) (ParkedRow, error) {
+func (s *Store) LockTx(ctx context.Context, tx pgx.Tx, scope string, id int64, skipLocked bool) (Row, error) {
 	lock := ` FOR UPDATE`
 	if skipLocked {
 		lock += ` SKIP LOCKED`
 	}
 	rows, err := tx.Query(ctx, `SELECT `+parkedColumns+` FROM `+s.ident+` WHERE id = $1 AND scope = $2`+lock, id, scope)
 	if err != nil {
-		return ParkedRow{}, s.wrap(fmt.Sprintf("locking row %d", id), err)
+		return Row{}, s.wrap(fmt.Sprintf("locking row %d", id), err)
 	}
 	p, err := pgx.CollectExactlyOneRow(rows, scanParked)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -326,7 +358,7 @@ func (s *ParkedStore) LockTx(ctx context.Context, tx pgx.Tx, scope string, id in
 }
 
 // DeleteTx deletes the rows ids in tx and returns how many it deleted.
-func (s *ParkedStore) DeleteTx(ctx context.Context, tx pgx.Tx, ids ...int64) (int64, error) {
+func (s *Store) DeleteTx(ctx context.Context, tx pgx.Tx, ids ...int64) (int64, error) {
 	tag, err := tx.Exec(ctx, `DELETE FROM `+s.ident+` WHERE id = ANY($1)`, ids)
 	if err != nil {
 		return 0, s.wrap("delete", err)

@@ -1,4 +1,4 @@
-package consumer
+package merge
 
 import (
 	"fmt"
@@ -45,8 +45,8 @@ func TestMergeRuns(t *testing.T) {
 		queued = append(queued, ins(i))
 	}
 	queued = append(queued, other, ins(7), withFn, ins(8), ins(9))
-	var mg merger
-	sent, from := mg.merge(queued, true)
+	var mg Merger
+	sent, from := mg.Merge(queued, true, noCombining{})
 	var got []string
 	for i, qq := range sent {
 		got = append(got, fmt.Sprintf("%d:%s:%v", from[i], qq.SQL, qq.Arguments))
@@ -64,3 +64,9 @@ func TestMergeRuns(t *testing.T) {
 		t.Errorf("merged:\n%v\nwant\n%v", got, want)
 	}
 }
+
+// noCombining combines nothing.
+type noCombining struct{}
+
+func (noCombining) Combinable(*pgx.QueuedQuery) bool            { return false }
+func (noCombining) Combine([]*pgx.QueuedQuery) *pgx.QueuedQuery { return nil }

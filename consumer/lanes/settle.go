@@ -1,9 +1,11 @@
-package consumer
+package lanes
 
 import (
 	"cmp"
 	"slices"
 	"time"
+
+	"github.com/effectively-once/effectively/consumer"
 )
 
 // Settle ends b's flight and frees its lane: the messages in retry are
@@ -14,24 +16,24 @@ import (
 // delivery). It returns false, and changes nothing, when b is not its
 // lane's batch in flight (settled already, or its lane was removed or
 // reset).
-func (s *Lanes) Settle(b *Batch, ack []*Message, retry []Retry) bool {
+func (s *Lanes) Settle(b *consumer.Batch, ack []*consumer.Message, retry []consumer.Retry) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.settleLocked(b, ack, retry)
 }
 
 // settleLocked is Settle with s.mu held.
-func (s *Lanes) settleLocked(b *Batch, ack []*Message, retry []Retry) bool {
+func (s *Lanes) settleLocked(b *consumer.Batch, ack []*consumer.Message, retry []consumer.Retry) bool {
 	l := s.inFlight(b)
 	if l == nil {
 		return false
 	}
 	now := time.Now()
-	done := make(map[*Message]bool, len(ack)+len(retry))
+	done := make(map[*consumer.Message]bool, len(ack)+len(retry))
 	for _, m := range ack {
 		done[m] = true
 	}
-	pos := make(map[*Message]int, len(b.Messages))
+	pos := make(map[*consumer.Message]int, len(b.Messages))
 	for i, m := range b.Messages {
 		pos[m] = i
 	}
@@ -63,7 +65,7 @@ func (s *Lanes) settleLocked(b *Batch, ack []*Message, retry []Retry) bool {
 // the source to hand back to its broker (an SQS FIFO group must be
 // delivered again from the message that failed). It returns false when b
 // is not its lane's batch in flight.
-func (s *Lanes) Finish(b *Batch, drop bool) (ok bool, dropped []*Message) {
+func (s *Lanes) Finish(b *consumer.Batch, drop bool) (ok bool, dropped []*consumer.Message) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l := s.inFlight(b)
@@ -88,7 +90,7 @@ func (s *Lanes) Finish(b *Batch, drop bool) (ok bool, dropped []*Message) {
 // it held is replaced by msgs, delivered in this order as undelivered
 // messages. With a non-nil b, Reset does nothing and returns false unless
 // b is the lane's batch in flight.
-func (s *Lanes) Reset(name string, b *Batch, msgs []*Message) bool {
+func (s *Lanes) Reset(name string, b *consumer.Batch, msgs []*consumer.Message) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l := s.lanes[name]
@@ -101,30 +103,30 @@ func (s *Lanes) Reset(name string, b *Batch, msgs []*Message) bool {
 	return true
 }
 
-// LaneState is what Lanes.Lane reports of a lane.
-type LaneState struct {
+// State is what Lanes.Lane reports of a lane.
+type State struct {
 	// Exists is false for a lane that is not there.
 	Exists bool
 	// Stopped: Next no longer hands the lane out.
 	Stopped bool
 	// InFlight is the lane's batch in flight, or nil.
-	InFlight *Batch
+	InFlight *consumer.Batch
 	// Buffered counts the messages added and not yet delivered.
 	Buffered int
 	// Retries are the messages handed back and waiting to be delivered
 	// again, in lane order.
-	Retries []*Message
+	Retries []*consumer.Message
 }
 
 // Lane reports the state of the lane name.
-func (s *Lanes) Lane(name string) LaneState {
+func (s *Lanes) Lane(name string) State {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l := s.lanes[name]
 	if l == nil {
-		return LaneState{}
+		return State{}
 	}
-	st := LaneState{Exists: true, Stopped: l.stopped, InFlight: l.inFlight, Buffered: len(l.fresh)}
+	st := State{Exists: true, Stopped: l.stopped, InFlight: l.inFlight, Buffered: len(l.fresh)}
 	for _, r := range l.retries {
 		st.Retries = append(st.Retries, r.m)
 	}
@@ -152,18 +154,18 @@ func (s *Lanes) Changed() <-chan struct{} {
 	return s.waiter()
 }
 
-// Close makes Next and Reserve return ErrLanesClosed and Add refuse
+// Close makes Next and Reserve return ErrClosed and Add refuse
 // messages, and drops and returns every message not in flight (undelivered
 // ones and those waiting for redelivery), lane by lane in lane order.
 // Batches in flight can still be settled.
-func (s *Lanes) Close() []*Message {
+func (s *Lanes) Close() []*consumer.Message {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return nil
 	}
 	s.closed = true
-	var out []*Message
+	var out []*consumer.Message
 	for _, l := range s.lanes {
 		held := append(slices.Clone(l.retries), l.fresh...)
 		slices.SortFunc(held, bySeq)
