@@ -20,6 +20,7 @@ import (
 	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -56,7 +57,7 @@ func Setup(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	lines := append(s.Migrations(), parked.Line("", ""))
-	if _, err := dedupe.Migrate(ctx, pool, "", lines...); err != nil {
+	if _, err := pg.Migrate(ctx, pool, "", lines...); err != nil {
 		return err
 	}
 	_, err = pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS ledger (

@@ -17,10 +17,10 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/internal/kafkatest"
 	"github.com/effectively-once/effectively/outbox"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
@@ -40,7 +40,7 @@ func SetupOutbox(ctx context.Context, pool *pgxpool.Pool) (*outbox.Outbox, error
 	if err != nil {
 		return nil, err
 	}
-	if _, err := dedupe.Migrate(ctx, pool, "", ob.Line()); err != nil {
+	if _, err := pg.Migrate(ctx, pool, "", ob.Line()); err != nil {
 		return nil, err
 	}
 	return ob, ResetOutbox(ctx, pool)

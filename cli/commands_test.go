@@ -11,8 +11,8 @@ import (
 
 	"github.com/effectively-once/effectively/cli"
 	"github.com/effectively-once/effectively/consumer"
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/idempotency"
+	"github.com/effectively-once/effectively/pg"
 )
 
 var stock = cli.Options{}
@@ -74,7 +74,7 @@ func TestMigrate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pending, err := dedupe.PendingMigrations(context.Background(), e.pool, "", mw.Migrations()...); err != nil || len(pending) != 0 {
+	if pending, err := pg.PendingMigrations(context.Background(), e.pool, "", mw.Migrations()...); err != nil || len(pending) != 0 {
 		t.Fatalf("the middleware's migrations after migrate --idempotency: %v pending, %v", pending, err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/idempotency"
 	"github.com/effectively-once/effectively/outbox"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/spf13/cobra"
 )
 
@@ -30,8 +31,8 @@ while consumers run.
 
 With --print it writes the SQL script instead of applying it, for a DBA to
 review and run by hand (psql -f); the script records its versions, so a later
-migrate applies nothing. In code the same is dedupe.Migrate (and
-dedupe.MigrationSQL) over a consumer's Migrations, which Consumer.Migrate runs.`,
+migrate applies nothing. In code the same is pg.Migrate (and
+pg.MigrationSQL) over a consumer's Migrations, which Consumer.Migrate runs.`,
 		Example: `  effectively migrate --strategy idset --kafka
   effectively migrate --strategy highwater --print > migrate.sql`,
 		Args: cobra.NoArgs,
@@ -54,7 +55,7 @@ dedupe.MigrationSQL) over a consumer's Migrations, which Consumer.Migrate runs.`
 				return fmt.Errorf("nothing selected: drop --no-parked or --no-strategy, or add --kafka, --outbox or --idempotency")
 			}
 			if print {
-				sql, err := dedupe.MigrationSQL(a.schema, lines...)
+				sql, err := pg.MigrationSQL(a.schema, lines...)
 				if err != nil {
 					return err
 				}
@@ -66,7 +67,7 @@ dedupe.MigrationSQL) over a consumer's Migrations, which Consumer.Migrate runs.`
 			if err != nil {
 				return err
 			}
-			pending, err := dedupe.PendingMigrations(ctx, pool, a.schema, lines...)
+			pending, err := pg.PendingMigrations(ctx, pool, a.schema, lines...)
 			if err != nil {
 				return err
 			}
@@ -82,7 +83,7 @@ dedupe.MigrationSQL) over a consumer's Migrations, which Consumer.Migrate runs.`
 			if err := a.confirm(cmd, fmt.Sprintf("Apply %d migration(s)?", len(pending))); err != nil {
 				return err
 			}
-			applied, err := dedupe.Migrate(ctx, pool, a.schema, lines...)
+			applied, err := pg.Migrate(ctx, pool, a.schema, lines...)
 			if err != nil {
 				return err
 			}
@@ -102,8 +103,8 @@ dedupe.MigrationSQL) over a consumer's Migrations, which Consumer.Migrate runs.`
 }
 
 // migrationLines returns the selected migration lines.
-func (a *app) migrationLines(withParked, strategy, withKafka bool) ([]dedupe.Line, error) {
-	var lines []dedupe.Line
+func (a *app) migrationLines(withParked, strategy, withKafka bool) ([]pg.Line, error) {
+	var lines []pg.Line
 	if withParked {
 		lines = append(lines, parked.Line(a.schema, a.parkedTable))
 	}

@@ -7,8 +7,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/outbox"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -392,7 +392,7 @@ relays run.`,
 // exactly the rows counted in the question, so a message parked meanwhile
 // is left alone.
 func (a *app) outboxWrite(cmd *cobra.Command, of *outboxFlags, s *outboxSelection, question, done string,
-	do func(*outbox.Outbox, context.Context, dedupe.DB, ...int64) (int64, error)) error {
+	do func(*outbox.Outbox, context.Context, pg.DB, ...int64) (int64, error)) error {
 	o, err := a.outbox(of)
 	if err != nil {
 		return err

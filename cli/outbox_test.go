@@ -13,8 +13,8 @@ import (
 
 	"github.com/effectively-once/effectively/cli"
 	"github.com/effectively-once/effectively/consumer/consumertest"
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/outbox"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -68,7 +68,7 @@ func (e *env) newOutbox(schema, table string) *outbox.Outbox {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	if _, err := dedupe.Migrate(context.Background(), e.pool, schema, o.Line()); err != nil {
+	if _, err := pg.Migrate(context.Background(), e.pool, schema, o.Line()); err != nil {
 		e.t.Fatal(err)
 	}
 	return o

@@ -17,6 +17,7 @@ import (
 	"github.com/effectively-once/effectively/dedupe/bloom"
 	"github.com/effectively-once/effectively/dedupe/highwater"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go/sasl"
@@ -118,7 +119,7 @@ is safe while consumers run, except where its help says otherwise
 	f := root.PersistentFlags()
 	f.StringVar(&a.dbURL, "database-url", "", "PostgreSQL URL (default $"+envDatabaseURL+", then $DATABASE_URL; with a password, prefer those or --database-url-file)")
 	f.StringVar(&a.dbURLFile, "database-url-file", "", "file holding the PostgreSQL URL (a trailing newline is removed)")
-	f.StringVar(&a.schema, "schema", dedupe.DefaultSchema, "schema of the library's tables")
+	f.StringVar(&a.schema, "schema", pg.DefaultSchema, "schema of the library's tables")
 	f.StringVar(&a.parkedTable, "parked-table", "parked", "name of the parked-messages table")
 	f.StringVar(&a.strategyName, "strategy", "idset", "dedupe strategy: "+strings.Join(a.strategyNames(), ", "))
 	f.StringVar(&a.markersTable, "markers-table", "", "markers table of a built-in strategy (default: the strategy's own: processed, marks, bloom_markers)")

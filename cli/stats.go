@@ -12,6 +12,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 )
@@ -137,7 +138,7 @@ func (a *app) stats(ctx context.Context, pool *pgxpool.Pool, scope, group string
 		fmt.Fprintf(stderr, "schema %s does not exist yet: run %q to create the library's tables\n", showRef(a.schema), a.opts.Name+" migrate")
 	case !schemaExists:
 		return nil, fmt.Errorf("schema %s does not exist in this database: give the --schema the consumers use (Config.Schema; default %q), or run %q to create the library's tables",
-			showRef(a.schema), dedupe.DefaultSchema, a.opts.Name+" migrate")
+			showRef(a.schema), pg.DefaultSchema, a.opts.Name+" migrate")
 	}
 	rep := &StatsReport{Strategy: s.Name(), Scopes: []ScopeStats{}, KafkaOffsets: []OffsetStats{}}
 	scopes := map[string]*ScopeStats{}

@@ -9,6 +9,7 @@ import (
 	"github.com/effectively-once/effectively/dedupe/bloom"
 	"github.com/effectively-once/effectively/dedupe/highwater"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -90,4 +91,4 @@ func (fullSource) BeforeCommit(context.Context, pgx.Tx, *Batch, []*Message) erro
 func (fullSource) RedeliveryHorizon(context.Context) (time.Duration, error)       { return time.Hour, nil }
 func (fullSource) ContentIDWindow() time.Duration                                 { return time.Minute }
 func (s fullSource) ParkExhausted() bool                                          { return s.parkExhausted }
-func (fullSource) Migrations() []dedupe.Line                                      { return nil }
+func (fullSource) Migrations() []pg.Line                                          { return nil }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/internal/pgerr"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -191,17 +192,12 @@ func idleSQL(idle time.Duration) string {
 	return fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", max(idle.Milliseconds(), 1))
 }
 
-// txBeginner is implemented by *pgxpool.Pool and *pgx.Conn.
-type txBeginner interface {
-	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
-}
-
 // begin starts a batch transaction, bounded by IdleTxTimeout.
 func (c *Consumer) begin(ctx context.Context) (pgx.Tx, error) {
 	if c.idleSQL == "" {
 		return c.db.Begin(ctx)
 	}
-	if b, ok := c.db.(txBeginner); ok {
+	if b := pg.Beginner(c.db); b != nil {
 		return b.BeginTx(ctx, pgx.TxOptions{BeginQuery: "BEGIN; " + c.idleSQL})
 	}
 	tx, err := c.db.Begin(ctx)

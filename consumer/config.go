@@ -7,6 +7,7 @@ import (
 	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // MismatchPolicy says what to do with a message whose key was already
@@ -31,7 +32,7 @@ const (
 	DefaultMaxRetryBackoff = 5 * time.Minute
 	DefaultGapDelay        = time.Second
 	DefaultGapMaxAttempts  = 60
-	DefaultSchema          = dedupe.DefaultSchema
+	DefaultSchema          = pg.DefaultSchema
 	DefaultParkedTable     = parked.DefaultTable
 	DefaultShutdownTimeout = 30 * time.Second
 	DefaultIdleTxTimeout   = 10 * time.Second
@@ -231,7 +232,7 @@ func (c Config) withDefaults() Config {
 
 func (c Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return dedupe.ConfigErrorf("consumer", field, format, args...)
+		return pg.ConfigErrorf("consumer", field, format, args...)
 	}
 	switch {
 	case c.Name == "":
@@ -295,11 +296,11 @@ func (c Config) handlers() int {
 // validateParkedTable checks the parked table's schema and name, leaving
 // room for its indexes' names.
 func validateParkedTable(schema, table string) error {
-	if err := dedupe.ValidateIdentifier(schema, 0); err != nil {
-		return dedupe.ConfigErrorf("consumer", "Schema", "%v", err)
+	if err := pg.ValidateIdentifier(schema, 0); err != nil {
+		return pg.ConfigErrorf("consumer", "Schema", "%v", err)
 	}
-	if err := dedupe.ValidateIdentifier(table, parkedIndexReserve); err != nil {
-		return dedupe.ConfigErrorf("consumer", "ParkedTable", "%v", err)
+	if err := pg.ValidateIdentifier(table, parkedIndexReserve); err != nil {
+		return pg.ConfigErrorf("consumer", "ParkedTable", "%v", err)
 	}
 	return nil
 }

@@ -8,8 +8,8 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // TestConfigTables: the parked table's schema and name are checked like
@@ -37,7 +37,7 @@ func TestConfigTables(t *testing.T) {
 		_, err := consumer.New(noDB{}, broker, cfg)
 		var ce *consumer.ConfigError
 		switch {
-		case !errors.Is(err, consumer.ErrInvalidConfig) || !errors.Is(err, dedupe.ErrInvalidConfig):
+		case !errors.Is(err, consumer.ErrInvalidConfig) || !errors.Is(err, pg.ErrInvalidConfig):
 			t.Errorf("%s %q: New = %v, want ErrInvalidConfig", tc.field, tc.schema+tc.table, err)
 		case !errors.As(err, &ce) || ce.Package != "consumer" || ce.Field != tc.field:
 			t.Errorf("%s %q: New = %v, want a consumer ConfigError for %s", tc.field, tc.schema+tc.table, err, tc.field)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer/internal/merge"
 	"github.com/effectively-once/effectively/consumer/parked"
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -21,7 +21,7 @@ type Consumer struct {
 	// capabilities of the strategy and the source, resolved by New.
 	path
 
-	db          dedupe.DB
+	db          pg.DB
 	src         Source
 	waits       *waits
 	parkedTable string
@@ -48,12 +48,12 @@ type Consumer struct {
 
 // New returns a Consumer reading from src and writing through db. It fills
 // cfg's defaults and returns an error wrapping ErrInvalidConfig for a bad value.
-func New(db dedupe.DB, src Source, cfg Config) (*Consumer, error) {
+func New(db pg.DB, src Source, cfg Config) (*Consumer, error) {
 	if db == nil {
-		return nil, dedupe.ConfigErrorf("consumer", "db", "must not be nil")
+		return nil, pg.ConfigErrorf("consumer", "db", "must not be nil")
 	}
 	if src == nil {
-		return nil, dedupe.ConfigErrorf("consumer", "src", "must not be nil")
+		return nil, pg.ConfigErrorf("consumer", "src", "must not be nil")
 	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -88,8 +88,8 @@ func (c *Consumer) Config() Config { return c.cfg }
 // Migrations returns the migration lines the consumer needs: the parked
 // table and, if the strategy or the source owns tables (markers, Kafka
 // offsets), theirs.
-func (c *Consumer) Migrations() []dedupe.Line {
-	lines := []dedupe.Line{parked.Line(c.cfg.Schema, c.cfg.ParkedTable)}
+func (c *Consumer) Migrations() []pg.Line {
+	lines := []pg.Line{parked.Line(c.cfg.Schema, c.cfg.ParkedTable)}
 	if c.migrator != nil {
 		lines = append(lines, c.migrator.Migrations()...)
 	}
@@ -101,7 +101,7 @@ func (c *Consumer) Migrations() []dedupe.Line {
 
 // Migrate applies the migrations of Migrations that are not yet applied.
 func (c *Consumer) Migrate(ctx context.Context) error {
-	applied, err := dedupe.Migrate(ctx, c.db, c.cfg.Schema, c.Migrations()...)
+	applied, err := pg.Migrate(ctx, c.db, c.cfg.Schema, c.Migrations()...)
 	for _, m := range applied {
 		c.log.Info("applied migration", "line", m.Line, "version", m.Version, "name", m.Name)
 	}
@@ -201,7 +201,7 @@ const shutdownGrace = time.Second
 func (c *Consumer) preflight(ctx context.Context) error {
 	// Behind a transaction pooler, pgx's named prepared statements break
 	// on the first batch; say so now, with the setting to change.
-	if p, err := dedupe.CheckPooling(ctx, c.db); err == nil {
+	if p, err := pg.CheckPooling(ctx, c.db); err == nil {
 		if err := p.Err(); err != nil {
 			return fmt.Errorf("consumer: %w", err)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -411,7 +412,7 @@ func TestConfigValidation(t *testing.T) {
 }
 
 // noDB is no database at all: New only validates, and must not call it.
-type noDB struct{ dedupe.DB }
+type noDB struct{ pg.DB }
 
 type hookFunc func(ctx context.Context, s *consumer.BatchStats)
 

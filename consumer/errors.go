@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/pgerr"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -17,9 +17,9 @@ var (
 	// ErrPermanent is matched by errors made with Permanent.
 	ErrPermanent = errors.New("consumer: permanent failure")
 	// ErrInvalidConfig is matched by every error New returns for a bad
-	// Config. It is dedupe.ErrInvalidConfig, matched by the configuration
+	// Config. It is pg.ErrInvalidConfig, matched by the configuration
 	// errors of every package of the library.
-	ErrInvalidConfig = dedupe.ErrInvalidConfig
+	ErrInvalidConfig = pg.ErrInvalidConfig
 	// ErrSourceDone is returned (wrapped) by the Fetch of a finite source,
 	// such as a replay of a fixed range, once every message it holds was
 	// handed out and settled, and none awaits redelivery. Run then lets the
@@ -73,8 +73,8 @@ type PanicError struct {
 func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v", e.Value) }
 
 // ConfigError reports a bad Config value, with Package "consumer". It is
-// the library's one configuration error, dedupe.ConfigError.
-type ConfigError = dedupe.ConfigError
+// the library's one configuration error, pg.ConfigError.
+type ConfigError = pg.ConfigError
 
 // ParkedError is the error MessageHook.MessageDone receives for a parked
 // message: why it was parked (one of the parked.Reason constants) and the

@@ -9,7 +9,7 @@ import (
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/consumer/parked"
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // A parked table made by the first migration, with rows in it, is upgraded
@@ -26,7 +26,7 @@ func TestParkedMigrationUpgradesExistingRows(t *testing.T) {
 	}
 	old := line
 	old.FS = fstest.MapFS{"001_parked.sql": {Data: first}}
-	if _, err := dedupe.Migrate(ctx, e.pool, "", old); err != nil {
+	if _, err := pg.Migrate(ctx, e.pool, "", old); err != nil {
 		t.Fatal(err)
 	}
 	// Rows as the earlier version wrote them: refs cleaned to text, a nil

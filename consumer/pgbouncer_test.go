@@ -15,6 +15,7 @@ import (
 	"github.com/effectively-once/effectively/dedupe/bloom"
 	"github.com/effectively-once/effectively/dedupe/highwater"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -93,7 +94,7 @@ func TestConsumerRefusesCachedStatementsThroughPgBouncer(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = c.Migrate(context.Background())
-	if !errors.Is(err, dedupe.ErrTransactionPooling) || !strings.Contains(err.Error(), "QueryExecModeExec") {
+	if !errors.Is(err, pg.ErrTransactionPooling) || !strings.Contains(err.Error(), "QueryExecModeExec") {
 		t.Fatalf("Migrate: %v; want ErrTransactionPooling naming pgx.QueryExecModeExec", err)
 	}
 }
@@ -181,7 +182,7 @@ func TestConsumerRunRefusesCachedStatementsThroughPgBouncer(t *testing.T) {
 	runCtx, cancel := context.WithTimeout(ctx, 2*time.Minute) // bounds a hang, no more
 	defer cancel()
 	err = c.Run(runCtx)
-	if !errors.Is(err, dedupe.ErrTransactionPooling) || !strings.Contains(err.Error(), "QueryExecModeExec") {
+	if !errors.Is(err, pg.ErrTransactionPooling) || !strings.Contains(err.Error(), "QueryExecModeExec") {
 		t.Fatalf("Run: %v; want ErrTransactionPooling naming pgx.QueryExecModeExec", err)
 	}
 	var effects int

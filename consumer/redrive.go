@@ -7,6 +7,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -101,7 +102,7 @@ func (r *RedriveResult) add(it RedriveItem) {
 // Redrive is safe while consumers of the same scope run. It returns an
 // error only when it cannot go on (the database is unreachable, the table
 // missing, ctx done), together with what it did until then.
-func Redrive(ctx context.Context, db dedupe.DB, cfg Config, f RedriveFilter) (RedriveResult, error) {
+func Redrive(ctx context.Context, db pg.DB, cfg Config, f RedriveFilter) (RedriveResult, error) {
 	var res RedriveResult
 	if db == nil {
 		return res, &ConfigError{Package: "consumer", Field: "db", Reason: "must not be nil"}
@@ -111,7 +112,7 @@ func Redrive(ctx context.Context, db dedupe.DB, cfg Config, f RedriveFilter) (Re
 		return res, err
 	}
 	if f.Limit < 0 {
-		return res, dedupe.ConfigErrorf("consumer", "RedriveFilter.Limit", "must not be negative, got %d", f.Limit)
+		return res, pg.ConfigErrorf("consumer", "RedriveFilter.Limit", "must not be negative, got %d", f.Limit)
 	}
 	return redrive(ctx, db, newPath(cfg, cfg.Logger, nil), f)
 }
@@ -120,12 +121,12 @@ func Redrive(ctx context.Context, db dedupe.DB, cfg Config, f RedriveFilter) (Re
 // handler again; see the function Redrive.
 func (c *Consumer) Redrive(ctx context.Context, f RedriveFilter) (RedriveResult, error) {
 	if f.Limit < 0 {
-		return RedriveResult{}, dedupe.ConfigErrorf("consumer", "RedriveFilter.Limit", "must not be negative, got %d", f.Limit)
+		return RedriveResult{}, pg.ConfigErrorf("consumer", "RedriveFilter.Limit", "must not be negative, got %d", f.Limit)
 	}
 	return redrive(ctx, c.db, c.path, f)
 }
 
-func redrive(ctx context.Context, db dedupe.DB, p path, f RedriveFilter) (RedriveResult, error) {
+func redrive(ctx context.Context, db pg.DB, p path, f RedriveFilter) (RedriveResult, error) {
 	var res RedriveResult
 	r := &redriver{path: p, store: parked.NewStore(db, p.cfg.Schema, p.cfg.ParkedTable), db: db}
 	ids, err := r.store.IDs(ctx, parked.Filter{Scope: p.cfg.Scope, Reason: f.Reason, IDs: f.IDs, Refs: f.Refs, Limit: f.Limit})
@@ -149,7 +150,7 @@ func redrive(ctx context.Context, db dedupe.DB, p path, f RedriveFilter) (Redriv
 type redriver struct {
 	path  path
 	store *parked.Store
-	db    dedupe.DB
+	db    pg.DB
 }
 
 // one redrives the row id in a transaction of its own, on the consumer's

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // StandbyAck makes the consumer acknowledge a batch to its source only once
@@ -145,7 +145,7 @@ type standbyWait struct {
 
 // standbys is the poller shared by a consumer's batches.
 type standbys struct {
-	db  dedupe.DB
+	db  pg.DB
 	cfg StandbyAck
 	sql string
 
@@ -161,7 +161,7 @@ type standbys struct {
 	polling bool     // the poller goroutine runs
 }
 
-func newStandbys(db dedupe.DB, cfg StandbyAck) *standbys {
+func newStandbys(db pg.DB, cfg StandbyAck) *standbys {
 	col := "flush_lsn"
 	if cfg.Replayed {
 		col = "replay_lsn"

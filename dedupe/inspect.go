@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -17,12 +18,12 @@ type Inspector interface {
 	// MarkerStats reports the strategy's tables and, per scope, its
 	// markers; only scope's when scope is not empty. A table that does not
 	// exist yet is reported with Exists false, not as an error.
-	MarkerStats(ctx context.Context, db DB, scope string) (MarkerStats, error)
+	MarkerStats(ctx context.Context, db pg.DB, scope string) (MarkerStats, error)
 	// SweepExpired removes the markers past the strategy's retention, or,
 	// with dryRun, removes nothing and says what it would remove. It is
 	// safe while consumers run. A strategy whose markers do not expire
 	// returns an error wrapping ErrNoSweep.
-	SweepExpired(ctx context.Context, db DB, dryRun bool) (SweepReport, error)
+	SweepExpired(ctx context.Context, db pg.DB, dryRun bool) (SweepReport, error)
 }
 
 // ErrNoSweep is returned by Inspector.SweepExpired of a strategy whose

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -99,7 +100,7 @@ type Retainer interface {
 // Migrator is implemented by strategies that own tables; Migrations returns
 // the migration lines that create them, for use with Migrate.
 type Migrator interface {
-	Migrations() []Line
+	Migrations() []pg.Line
 }
 
 // Maintainer is implemented by strategies whose storage needs upkeep while
@@ -107,13 +108,13 @@ type Migrator interface {
 // consumer calls Maintain once before it claims anything, then runs
 // RunMaintenance in the background until Run returns.
 type Maintainer interface {
-	Maintain(ctx context.Context, db DB) error
-	RunMaintenance(ctx context.Context, db DB) error
+	Maintain(ctx context.Context, db pg.DB) error
+	RunMaintenance(ctx context.Context, db pg.DB) error
 }
 
 // Warmer is implemented by strategies that load in-memory state from the
 // store (a Bloom filter). The consumer starts Warm in the background when
 // Run starts; the strategy must answer correctly before it finishes.
 type Warmer interface {
-	Warm(ctx context.Context, db DB) error
+	Warm(ctx context.Context, db pg.DB) error
 }

@@ -7,10 +7,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/highwater"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/idempotency"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -178,11 +178,11 @@ func TestStrategyRefused(t *testing.T) {
 	}
 	pool := pgtest.NewPool(t)
 	_, err = idempotency.New(pool, idempotency.Config{SingleTenant: true, Strategy: hw})
-	if !errors.Is(err, dedupe.ErrInvalidConfig) || !strings.Contains(err.Error(), "highwater") {
+	if !errors.Is(err, pg.ErrInvalidConfig) || !strings.Contains(err.Error(), "highwater") {
 		t.Fatalf("New with highwater: %v", err)
 	}
 	for _, cfg := range []idempotency.Config{{SingleTenant: true, Name: "a/b"}, {SingleTenant: true, MaxKeyLen: 100000}, {SingleTenant: true, Header: "Bad Header"}, {SingleTenant: true, Table: strings.Repeat("t", 60)}} {
-		if _, err := idempotency.New(pool, cfg); !errors.Is(err, dedupe.ErrInvalidConfig) {
+		if _, err := idempotency.New(pool, cfg); !errors.Is(err, pg.ErrInvalidConfig) {
 			t.Errorf("New(%+v): %v, want a config error", cfg, err)
 		}
 	}

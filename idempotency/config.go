@@ -10,6 +10,7 @@ import (
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // Defaults of the Config fields.
@@ -158,7 +159,7 @@ func (c Config) withDefaults() Config {
 		c.RetryAfter = DefaultRetryAfter
 	}
 	if c.Schema == "" {
-		c.Schema = dedupe.DefaultSchema
+		c.Schema = pg.DefaultSchema
 	}
 	if c.Table == "" {
 		c.Table = DefaultTable
@@ -177,10 +178,10 @@ func (c Config) withDefaults() Config {
 
 func (c Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return dedupe.ConfigErrorf("idempotency", field, format, args...)
+		return pg.ConfigErrorf("idempotency", field, format, args...)
 	}
 	for _, f := range [...]struct{ name, v string }{{"Schema", c.Schema}, {"Table", c.Table}} {
-		if err := dedupe.ValidateIdentifier(f.v, len("_created_at_idx")); err != nil {
+		if err := pg.ValidateIdentifier(f.v, len("_created_at_idx")); err != nil {
 			return bad(f.name, "%v", err)
 		}
 	}

@@ -81,7 +81,7 @@
 // # Operations
 //
 // Migrations returns the responses table's migration line (after the
-// strategy's, with a Config.Strategy) for dedupe.Migrate or the CLI's
+// strategy's, with a Config.Strategy) for pg.Migrate or the CLI's
 // migrate; Migrate applies them. Run sweeps responses older than
 // Config.Retention (7 days and an hour by default; after it a key is new
 // again) and does for a Config.Strategy what a consumer does (Maintain,

@@ -17,6 +17,7 @@ import (
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/internal/pgerr"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // ReplayedHeader is set to "true" on a response replayed from the store.
@@ -29,7 +30,7 @@ var ErrInFlight = errors.New("idempotency: the key's first request is still runn
 // Middleware runs handlers under idempotency keys. It is safe for
 // concurrent use; one Middleware may wrap many handlers.
 type Middleware struct {
-	db      dedupe.DB
+	db      pg.DB
 	cfg     Config
 	log     *slog.Logger
 	store   store
@@ -50,17 +51,17 @@ func DefaultStrategy() (dedupe.Strategy, error) { return idset.New(idset.Config{
 // New returns a Middleware that claims keys through db with the rows of
 // cfg's responses table (and cfg.Strategy, when set). It fills
 // in cfg's defaults and validates it; the error matches
-// dedupe.ErrInvalidConfig for a bad value, including a strategy that cannot
+// pg.ErrInvalidConfig for a bad value, including a strategy that cannot
 // claim an idempotency key (one that needs a sender and sequence number,
 // such as highwater). Call Migrate (or apply Migrations) before serving,
 // and run Run for the responses' sweeper (and the strategy's maintenance).
 //
 // db serves concurrent requests, so it must be safe for concurrent use: a
 // *pgxpool.Pool (with which each request costs one round trip fewer), or
-// any dedupe.DB that is.
-func New(db dedupe.DB, cfg Config) (*Middleware, error) {
+// any pg.DB that is.
+func New(db pg.DB, cfg Config) (*Middleware, error) {
 	if db == nil {
-		return nil, dedupe.ConfigErrorf("idempotency", "db", "must not be nil")
+		return nil, pg.ConfigErrorf("idempotency", "db", "must not be nil")
 	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -104,12 +105,12 @@ func New(db dedupe.DB, cfg Config) (*Middleware, error) {
 // a dedupe.Sequencer, or one whose KeyChecker rejects such a key.
 func checkStrategy(s dedupe.Strategy, maxKeyLen int) error {
 	if _, ok := s.(dedupe.Sequencer); ok {
-		return dedupe.ConfigErrorf("idempotency", "Strategy", "%s judges messages by sender and sequence number; an idempotency key needs a strategy keyed by ID (idset, bloom)", s.Name())
+		return pg.ConfigErrorf("idempotency", "Strategy", "%s judges messages by sender and sequence number; an idempotency key needs a strategy keyed by ID (idset, bloom)", s.Name())
 	}
 	if c, ok := s.(dedupe.KeyChecker); ok {
 		k := dedupe.Key{Scope: "idempotency-check", ID: strings.Repeat("k", maxKeyLen)}
 		if err := c.CheckKey(k); err != nil {
-			return dedupe.ConfigErrorf("idempotency", "Strategy", "%s cannot claim an idempotency key of %d bytes: %v", s.Name(), maxKeyLen, err)
+			return pg.ConfigErrorf("idempotency", "Strategy", "%s cannot claim an idempotency key of %d bytes: %v", s.Name(), maxKeyLen, err)
 		}
 	}
 	return nil

@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/effectively-once/effectively/consumer"
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/bloom"
 	"github.com/effectively-once/effectively/idempotency"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -169,7 +169,7 @@ func TestMigrations(t *testing.T) {
 	if len(lines) != 2 || lines[0].Name != "idset:effectively.processed" || lines[1].Name != "idempotency:api.responses" {
 		t.Fatalf("lines %+v", lines)
 	}
-	sql, err := dedupe.MigrationSQL("", lines...)
+	sql, err := pg.MigrationSQL("", lines...)
 	if err != nil || !strings.Contains(sql, `CREATE TABLE "api"."responses"`) {
 		t.Fatalf("MigrationSQL: %v\n%s", err, sql)
 	}
@@ -203,9 +203,9 @@ func TestPgBouncer(t *testing.T) {
 	}
 }
 
-// plainDB hides everything of a pool but dedupe.DB: the middleware then
+// plainDB hides everything of a pool but pg.DB: the middleware then
 // takes the lock and stores the response as statements of their own.
-type plainDB struct{ dedupe.DB }
+type plainDB struct{ pg.DB }
 
 // beginTxDB adds BeginTx (as *pgx.Conn has) but not Acquire.
 type beginTxDB struct{ *pgxpool.Pool }
@@ -216,15 +216,15 @@ func (b beginTxDB) Acquire() {} // not pgxpool's Acquire: hides it
 // the middleware reaches the database.
 func TestDBShapes(t *testing.T) {
 	t.Parallel()
-	for _, shape := range []string{"pool", "BeginTx only", "dedupe.DB only"} {
+	for _, shape := range []string{"pool", "BeginTx only", "pg.DB only"} {
 		t.Run(shape, func(t *testing.T) {
 			t.Parallel()
 			pool := pgtest.NewPool(t)
-			var db dedupe.DB = pool
+			var db pg.DB = pool
 			switch shape {
 			case "BeginTx only":
 				db = beginTxDB{pool}
-			case "dedupe.DB only":
+			case "pg.DB only":
 				db = plainDB{pool}
 			}
 			g := newGated()

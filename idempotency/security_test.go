@@ -9,8 +9,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/idempotency"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -29,8 +29,8 @@ func TestScopeRequired(t *testing.T) {
 		{"both", idempotency.Config{Scope: scope, SingleTenant: true}, "SingleTenant"},
 	} {
 		_, err := idempotency.New(pool, c.cfg)
-		var ce *dedupe.ConfigError
-		if !errors.As(err, &ce) || !errors.Is(err, dedupe.ErrInvalidConfig) || !strings.Contains(err.Error(), c.field) {
+		var ce *pg.ConfigError
+		if !errors.As(err, &ce) || !errors.Is(err, pg.ErrInvalidConfig) || !strings.Contains(err.Error(), c.field) {
 			t.Errorf("%s: New returned %v, want a ConfigError naming %s", c.name, err, c.field)
 		}
 	}
@@ -43,7 +43,7 @@ func TestCredentialHeadersRefused(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	for _, h := range []string{"Set-Cookie", "set-cookie", "Authorization", "Proxy-Authorization", "Cookie", "WWW-Authenticate", "Proxy-Authenticate", "Authentication-Info"} {
 		_, err := idempotency.New(pool, idempotency.Config{SingleTenant: true, Headers: []string{"X-Request-Id", h}})
-		if !errors.Is(err, dedupe.ErrInvalidConfig) || !strings.Contains(err.Error(), "credentials") {
+		if !errors.Is(err, pg.ErrInvalidConfig) || !strings.Contains(err.Error(), "credentials") {
 			t.Errorf("Headers %q: New returned %v, want a ConfigError about credentials", h, err)
 		}
 	}

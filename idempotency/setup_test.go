@@ -13,8 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/idempotency"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -90,7 +90,7 @@ func newEnvPool(t testing.TB, pool *pgxpool.Pool, cfg idempotency.Config, h http
 }
 
 // newEnvDB is newEnvPool with the middleware reaching the database through db.
-func newEnvDB(t testing.TB, pool *pgxpool.Pool, db dedupe.DB, cfg idempotency.Config, h http.Handler) *env {
+func newEnvDB(t testing.TB, pool *pgxpool.Pool, db pg.DB, cfg idempotency.Config, h http.Handler) *env {
 	t.Helper()
 	ctx := context.Background()
 	if cfg.Logger == nil {

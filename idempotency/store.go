@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 )
 
 //go:embed migrations/*.sql
@@ -50,7 +51,7 @@ type stored struct {
 	fingerprint []byte
 }
 
-// querier is what a pgx.Tx and a dedupe.DB have in common.
+// querier is what a pgx.Tx and a pg.DB have in common.
 type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
@@ -98,12 +99,12 @@ func keep(h http.Header, names []string) ([][]byte, int) {
 }
 
 // Migrations returns the migration lines of Config.Strategy's markers (when
-// there is one and it is a dedupe.Migrator) and of the responses table, for dedupe.Migrate,
-// dedupe.PendingMigrations and dedupe.MigrationSQL. The responses line
+// there is one and it is a dedupe.Migrator) and of the responses table, for pg.Migrate,
+// pg.PendingMigrations and pg.MigrationSQL. The responses line
 // creates its table in Config.Schema whichever schema holds the migrations
 // table.
-func (m *Middleware) Migrations() []dedupe.Line {
-	var lines []dedupe.Line
+func (m *Middleware) Migrations() []pg.Line {
+	var lines []pg.Line
 	if mg, ok := m.cfg.Strategy.(dedupe.Migrator); ok {
 		lines = append(lines, mg.Migrations()...)
 	}
@@ -111,15 +112,15 @@ func (m *Middleware) Migrations() []dedupe.Line {
 }
 
 // ResponsesLine returns the migration line of the responses table
-// schema.table (DefaultTable in dedupe.DefaultSchema for a middleware with
+// schema.table (DefaultTable in pg.DefaultSchema for a middleware with
 // the default Config), for tools that migrate without a Middleware, such
 // as the CLI's migrate --idempotency.
-func ResponsesLine(schema, table string) dedupe.Line {
+func ResponsesLine(schema, table string) pg.Line {
 	sub, err := fs.Sub(migrationFiles, "migrations")
 	if err != nil {
 		panic(err) // the embedded directory always exists
 	}
-	return dedupe.Line{
+	return pg.Line{
 		Name: "idempotency:" + schema + "." + table,
 		FS:   sub,
 		Idents: map[string]string{
@@ -130,10 +131,10 @@ func ResponsesLine(schema, table string) dedupe.Line {
 	}
 }
 
-// Migrate applies Migrations with dedupe.Migrate, keeping the migrations
+// Migrate applies Migrations with pg.Migrate, keeping the migrations
 // table in Config.Schema, as Consumer.Migrate does for a consumer.
 func (m *Middleware) Migrate(ctx context.Context) error {
-	_, err := dedupe.Migrate(ctx, m.db, m.cfg.Schema, m.Migrations()...)
+	_, err := pg.Migrate(ctx, m.db, m.cfg.Schema, m.Migrations()...)
 	return err
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/effectively-once/effectively/internal/pgerr"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // A request's transaction costs the middleware no round trip beyond the
@@ -19,16 +20,6 @@ import (
 // holds. Other DBs that can begin with a query of their own take BEGIN and
 // the lock in one round trip (a simple-protocol query of two statements),
 // then the claim and the INSERT as statements of their own.
-
-// beginner is what *pgxpool.Pool and *pgx.Conn have beyond dedupe.DB.
-type beginner interface {
-	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
-}
-
-// acquirer is *pgxpool.Pool's.
-type acquirer interface {
-	Acquire(ctx context.Context) (*pgxpool.Conn, error)
-}
 
 // keyTx is one request's transaction.
 type keyTx struct {
@@ -46,7 +37,7 @@ func lockedSQL(key int64) string {
 // begin opens a transaction holding the lock of key; locked is false, and
 // nothing is open, when another transaction holds it.
 func (m *Middleware) beginLocked(ctx context.Context, key int64) (t *keyTx, locked bool, err error) {
-	if a, ok := m.db.(acquirer); ok {
+	if a := pg.Pool(m.db); a != nil {
 		c, err := a.Acquire(ctx)
 		if err != nil {
 			return nil, false, err
@@ -55,7 +46,7 @@ func (m *Middleware) beginLocked(ctx context.Context, key int64) (t *keyTx, lock
 		// claim's error (inFlight).
 		return &keyTx{Tx: &lazyTx{conn: c.Conn(), lock: key}, conn: c}, true, nil
 	}
-	if b, ok := m.db.(beginner); ok {
+	if b := pg.Beginner(m.db); b != nil {
 		tx, err := b.BeginTx(ctx, pgx.TxOptions{BeginQuery: lockedSQL(key)})
 		if inFlight(err) {
 			// pgx leaves the failed transaction open on the connection.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/idempotency"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -22,7 +23,7 @@ func migrateMarkers(t testing.TB, pool *pgxpool.Pool) dedupe.Strategy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dedupe.Migrate(context.Background(), pool, "", s.(dedupe.Migrator).Migrations()...); err != nil {
+	if _, err := pg.Migrate(context.Background(), pool, "", s.(dedupe.Migrator).Migrations()...); err != nil {
 		t.Fatal(err)
 	}
 	return s

@@ -13,10 +13,10 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/internal/fauxqs"
 	"github.com/effectively-once/effectively/internal/kafkatest"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/effectively-once/effectively/sources/sqs"
 	"github.com/jackc/pgx/v5"
@@ -160,7 +160,7 @@ func chainStageA(t *testing.T, ctx context.Context, db *pgxpool.Pool, counts *ch
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dedupe.Migrate(ctx, db, "", o.Line()); err != nil {
+	if _, err := pg.Migrate(ctx, db, "", o.Line()); err != nil {
 		t.Fatal(err)
 	}
 	strategy, err := idset.New(idset.Config{})

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -50,14 +50,14 @@ func TestOwnNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	script, err := dedupe.MigrationSQL(cfg.Schema, o.Line())
+	script, err := pg.MigrationSQL(cfg.Schema, o.Line())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.Exec(ctx, script); err != nil {
 		t.Fatalf("the printed migrations failed: %v", err)
 	}
-	if pending, err := dedupe.PendingMigrations(ctx, db, cfg.Schema, o.Line()); err != nil || len(pending) != 0 {
+	if pending, err := pg.PendingMigrations(ctx, db, cfg.Schema, o.Line()); err != nil || len(pending) != 0 {
 		t.Fatalf("pending after the script: %v, %v", pending, err)
 	}
 	emit(t, db, o, msg("k", "m1"))

@@ -21,7 +21,7 @@
 // the relay.
 //
 // Apply the outbox's migrations with the rest: Outbox.Line is a
-// dedupe.Line for dedupe.Migrate and dedupe.MigrationSQL, as a consumer's
+// pg.Line for pg.Migrate and pg.MigrationSQL, as a consumer's
 // Migrations are.
 //
 // # IDs
@@ -137,7 +137,7 @@
 // The relay wakes on the NOTIFY that the emitting transaction sends (and
 // PostgreSQL delivers only on commit), and polls every PollInterval as a
 // fallback; PollOnly turns LISTEN off for PgBouncer's transaction pooling.
-// Run checks for a pooler at start-up (dedupe.CheckPooling): behind a
+// Run checks for a pooler at start-up (pg.CheckPooling): behind a
 // transaction pooler it warns and polls without PollOnly, and it refuses a
 // pool whose pgx exec mode keeps prepared statements (docs/pgbouncer.md).
 // Run returns when its context is done, after marking what the pass in

@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/outbox"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -25,12 +25,12 @@ func (s printSink) Publish(_ context.Context, msgs []outbox.Message) error {
 // announces nothing.
 func Example() {
 	ctx := context.Background()
-	pg, err := pgtest.Start(ctx, pgtest.Options{}) // a throwaway PostgreSQL; use yours instead
+	server, err := pgtest.Start(ctx, pgtest.Options{}) // a throwaway PostgreSQL; use yours instead
 	if err != nil {
 		panic(err)
 	}
-	defer pg.Stop()
-	pool, err := pgxpool.New(ctx, pg.URL())
+	defer server.Stop()
+	pool, err := pgxpool.New(ctx, server.URL())
 	if err != nil {
 		panic(err)
 	}
@@ -40,7 +40,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	if _, err := dedupe.Migrate(ctx, pool, "", ob.Line()); err != nil {
+	if _, err := pg.Migrate(ctx, pool, "", ob.Line()); err != nil {
 		panic(err)
 	}
 	place := func(id, customer string, commit bool) {

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer/consumertest"
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/kafkatest"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -577,7 +577,7 @@ func migratedOutbox(t *testing.T, url string) (*pgxpool.Pool, *Outbox) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dedupe.Migrate(ctx, db, "", o.Line()); err != nil {
+	if _, err := pg.Migrate(ctx, db, "", o.Line()); err != nil {
 		t.Fatal(err)
 	}
 	return db, o

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -19,7 +20,7 @@ const Partitions = 64
 
 // Defaults.
 const (
-	DefaultSchema          = dedupe.DefaultSchema
+	DefaultSchema          = pg.DefaultSchema
 	DefaultTable           = "outbox"
 	DefaultMaxMessageBytes = 1 << 20
 )
@@ -97,7 +98,7 @@ type tables struct {
 	log, logHalf                              string // the log table (LogMode) and its current half
 	logParts                                  [2]string
 	channel                                   string // raw channel name
-	line                                      dedupe.Line
+	line                                      pg.Line
 	// logNames are the log table's unquoted names (its halves too): what
 	// the replication stream names its relations.
 	logNames [3]string
@@ -117,7 +118,7 @@ func newTables(schema, table string) tables {
 		logParts: [2]string{q(table + "_log_0"), q(table + "_log_1")},
 		logNames: [3]string{table + "_log", table + "_log_0", table + "_log_1"},
 		channel:  channel(schema, table),
-		line: dedupe.Line{
+		line: pg.Line{
 			Name: "outbox:" + table,
 			FS:   sub,
 			Idents: map[string]string{
@@ -198,11 +199,11 @@ func New(cfg Config) (*Outbox, error) {
 	return o, nil
 }
 
-// Line returns the outbox's migrations, for dedupe.Migrate and
-// dedupe.MigrationSQL, the one way to migrate, beside a consumer's own:
+// Line returns the outbox's migrations, for pg.Migrate and
+// pg.MigrationSQL, the one way to migrate, beside a consumer's own:
 //
-//	dedupe.Migrate(ctx, pool, "", append(c.Migrations(), ob.Line())...)
-func (o *Outbox) Line() dedupe.Line { return o.t.line }
+//	pg.Migrate(ctx, pool, "", append(c.Migrations(), ob.Line())...)
+func (o *Outbox) Line() pg.Line { return o.t.line }
 
 // partition is the virtual partition of a message: its (sink, key), or
 // its ID when it has no key.

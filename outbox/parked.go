@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // Parked is a message a sink refused for good. It holds back the later
@@ -21,7 +21,7 @@ type Parked struct {
 }
 
 // Parked lists up to limit parked messages, oldest first.
-func (o *Outbox) Parked(ctx context.Context, db dedupe.DB, limit int) ([]Parked, error) {
+func (o *Outbox) Parked(ctx context.Context, db pg.DB, limit int) ([]Parked, error) {
 	rows, err := db.Query(ctx, `SELECT id, sink, key, seq, msg_id, value, headers, attempts, park_reason, parked_at
 FROM `+o.t.messages+` WHERE parked_at IS NOT NULL ORDER BY id LIMIT $1`, limit)
 	if err != nil {
@@ -50,7 +50,7 @@ FROM `+o.t.messages+` WHERE parked_at IS NOT NULL ORDER BY id LIMIT $1`, limit)
 // Redrive puts parked messages back in line, and wakes the relays: they
 // publish them, and then their keys' later messages. It returns how many it
 // found parked.
-func (o *Outbox) Redrive(ctx context.Context, db dedupe.DB, rows ...int64) (int64, error) {
+func (o *Outbox) Redrive(ctx context.Context, db pg.DB, rows ...int64) (int64, error) {
 	var n int64
 	err := db.QueryRow(ctx, `WITH r AS (
     UPDATE `+o.t.messages+`
@@ -66,7 +66,7 @@ SELECT count(*) FROM (SELECT pg_notify($2, '')) AS n, r`, rows, o.t.channel).Sca
 
 // Purge deletes parked messages for good, releasing their keys' later
 // messages. It returns how many it found parked.
-func (o *Outbox) Purge(ctx context.Context, db dedupe.DB, rows ...int64) (int64, error) {
+func (o *Outbox) Purge(ctx context.Context, db pg.DB, rows ...int64) (int64, error) {
 	var n int64
 	err := db.QueryRow(ctx, `WITH d AS (
     DELETE FROM `+o.t.messages+` WHERE id = ANY($1) AND parked_at IS NOT NULL RETURNING 1)

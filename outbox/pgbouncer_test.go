@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,7 +26,7 @@ func setupBouncer(t *testing.T, mode pgx.QueryExecMode) (*pgxpool.Pool, *Outbox)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dedupe.Migrate(context.Background(), pool, "", o.Line()); err != nil {
+	if _, err := pg.Migrate(context.Background(), pool, "", o.Line()); err != nil {
 		t.Fatal(err)
 	}
 	return pool, o
@@ -167,7 +167,7 @@ func TestRelayRefusesCachedStatementsThroughPgBouncer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dedupe.Migrate(context.Background(), direct, "", o.Line()); err != nil {
+	if _, err := pg.Migrate(context.Background(), direct, "", o.Line()); err != nil {
 		t.Fatal(err)
 	}
 	db, err := pgxpool.New(context.Background(), url) // pgx's default: cached statements
@@ -183,7 +183,7 @@ func TestRelayRefusesCachedStatementsThroughPgBouncer(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		err = r.Run(ctx)
 		cancel()
-		if !errors.Is(err, dedupe.ErrTransactionPooling) {
+		if !errors.Is(err, pg.ErrTransactionPooling) {
 			t.Errorf("PollOnly %v: Run returned %v; want ErrTransactionPooling", pollOnly, err)
 		}
 	}

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -60,9 +60,9 @@ type RelayConfig struct {
 	// PollOnly turns LISTEN off, for connections through PgBouncer in
 	// transaction pooling mode. LISTEN also needs a db with
 	// Acquire (a *pgxpool.Pool); without it the relay polls. Defaults to
-	// false. Run checks at start-up for a pooler (dedupe.CheckPooling):
+	// false. Run checks at start-up for a pooler (pg.CheckPooling):
 	// it refuses a pool whose prepared statements cannot cross a
-	// transaction pooler (dedupe.ErrTransactionPooling), and without
+	// transaction pooler (pg.ErrTransactionPooling), and without
 	// PollOnly behind one it warns and polls.
 	PollOnly bool
 	// MinBackoff and MaxBackoff bound the wait before a message that failed
@@ -176,7 +176,7 @@ func (c *RelayConfig) defaults() error {
 // Relay publishes committed outbox rows to their sinks. Run several, in
 // one process or many: each publishes the partitions it leases.
 type Relay struct {
-	db    dedupe.DB
+	db    pg.DB
 	cfg   RelayConfig
 	t     tables
 	owner string
@@ -201,7 +201,7 @@ type Relay struct {
 
 // NewRelay returns a Relay over db, which should be a pool: the relay
 // commits its own work.
-func NewRelay(db dedupe.DB, cfg RelayConfig) (*Relay, error) {
+func NewRelay(db pg.DB, cfg RelayConfig) (*Relay, error) {
 	if db == nil {
 		return nil, errors.New("outbox: NewRelay: nil db")
 	}
@@ -227,9 +227,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
 	lctx, stopListen := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	if acq, ok := r.db.(interface {
-		Acquire(context.Context) (*pgxpool.Conn, error)
-	}); ok && listen {
+	if acq := pg.Pool(r.db); acq != nil && listen {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.listen(lctx, acq.Acquire, wake) }()
 	}
@@ -333,12 +331,12 @@ func (r *Relay) shutdown() error {
 }
 
 // checkPooling looks, at start-up, for a pooler between the relay and the
-// server (dedupe.CheckPooling). Behind a transaction pooler it refuses pgx
+// server (pg.CheckPooling). Behind a transaction pooler it refuses pgx
 // settings whose prepared statements cannot cross it and, unless
 // PollOnly, warns that LISTEN cannot work there and reports that the relay
 // must poll. A failed check is logged and the relay goes on as configured.
 func (r *Relay) checkPooling(ctx context.Context) (listen bool, err error) {
-	p, err := dedupe.CheckPooling(ctx, r.db)
+	p, err := pg.CheckPooling(ctx, r.db)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.Warn("outbox: cannot check for a connection pooler; going on as configured", "err", err)

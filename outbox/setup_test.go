@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer/consumertest"
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,7 +26,7 @@ func setup(t *testing.T, cfg Config) (*pgxpool.Pool, *Outbox) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dedupe.Migrate(context.Background(), pool, cfg.Schema, o.Line()); err != nil {
+	if _, err := pg.Migrate(context.Background(), pool, cfg.Schema, o.Line()); err != nil {
 		t.Fatal(err)
 	}
 	return pool, o

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -53,7 +53,7 @@ type SlotStatus struct {
 // Slots reads the status of the log relays' slots the outbox knows (those
 // a relay created on its table) in one statement; the outbox's slots table
 // and pg_replication_slots are readable without privileges.
-func (o *Outbox) Slots(ctx context.Context, db dedupe.DB) ([]SlotStatus, error) {
+func (o *Outbox) Slots(ctx context.Context, db pg.DB) ([]SlotStatus, error) {
 	rows, err := db.Query(ctx, `WITH here AS (
     SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END AS lsn
 )

@@ -6,7 +6,7 @@ import (
 	"math"
 	"time"
 
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -72,7 +72,7 @@ type LeaseStats struct {
 // counts read the whole messages table, and the log table's counts the
 // whole log table: cheap while the cleanups keep them small, slower on a
 // table that holds a long retention of published rows; it only reads.
-func (o *Outbox) Stats(ctx context.Context, db dedupe.DB) (Stats, error) {
+func (o *Outbox) Stats(ctx context.Context, db pg.DB) (Stats, error) {
 	var st Stats
 	rows, err := db.Query(ctx, `SELECT sink,
     count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL),
@@ -151,7 +151,7 @@ type RowFilter struct {
 // Rows lists parked rows, or waiting ones, oldest first, for operators.
 // The waiting ones are the messages table's: messages of LogMode emits
 // wait in the log table, as one row per emit, which Stats.Log counts.
-func (o *Outbox) Rows(ctx context.Context, db dedupe.DB, f RowFilter) ([]Row, error) {
+func (o *Outbox) Rows(ctx context.Context, db pg.DB, f RowFilter) ([]Row, error) {
 	state := `parked_at IS NOT NULL`
 	if f.Waiting {
 		state = `published_at IS NULL AND parked_at IS NULL`

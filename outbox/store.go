@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -273,16 +274,10 @@ func (r *Relay) cleanup(ctx context.Context, parts []int32) (int64, error) {
 // serialization error instead of being deleted, and the prune is tried
 // again at the next cleanup.
 func (r *Relay) pruneCounters(ctx context.Context) (int64, error) {
-	tb, ok := r.db.(interface {
-		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
-	})
-	if !ok {
-		return 0, nil // a db that cannot set the isolation level: no pruning
-	}
 	var total int64
 	for {
 		var n int64
-		err := pgx.BeginTxFunc(ctx, tb, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+		err := pg.BeginInFunc(ctx, r.db, pgx.RepeatableRead, func(tx pgx.Tx) error {
 			tag, err := tx.Exec(ctx, `DELETE FROM `+r.t.counters+` c USING (
     SELECT c2.sink, c2.key FROM `+r.t.counters+` c2
     WHERE NOT EXISTS (

@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/bloom"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // slice is the length of one retention slice: a day, so that a run never
@@ -246,7 +246,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := dedupe.Migrate(ctx, pool, cfg.Schema, append(bs.Migrations(), is.Migrations()...)...); err != nil {
+	if _, err := pg.Migrate(ctx, pool, cfg.Schema, append(bs.Migrations(), is.Migrations()...)...); err != nil {
 		return nil, err
 	}
 	r.bloom = &claimer{name: "bloom", s: bs, batch: cfg.Batch}

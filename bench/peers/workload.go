@@ -8,8 +8,8 @@ import (
 	"slices"
 
 	"github.com/effectively-once/effectively/consumer/parked"
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -122,7 +122,7 @@ func Setup(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	lines := append(s.Migrations(), parked.Line("", ""), kafka.OffsetsLine("", ""))
-	if _, err := dedupe.Migrate(ctx, pool, "", lines...); err != nil {
+	if _, err := pg.Migrate(ctx, pool, "", lines...); err != nil {
 		return err
 	}
 	_, err = pool.Exec(ctx, `

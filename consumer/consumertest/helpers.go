@@ -11,7 +11,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/parked"
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -31,7 +31,7 @@ func Logger() *slog.Logger {
 
 // NewConsumer makes a consumer with consumer.New and applies its migrations,
 // failing tb if either fails.
-func NewConsumer(tb testing.TB, db dedupe.DB, src consumer.Source, cfg consumer.Config) *consumer.Consumer {
+func NewConsumer(tb testing.TB, db pg.DB, src consumer.Source, cfg consumer.Config) *consumer.Consumer {
 	tb.Helper()
 	c, err := consumer.New(db, src, cfg)
 	if err != nil {
@@ -161,7 +161,7 @@ type ParkedRow = parked.Row
 // Parked returns the rows of the parked-messages table schema.table in the
 // order they were parked, failing tb if they cannot be read. schema
 // defaults to "effectively" and table to "parked", as in consumer.Config.
-func Parked(tb testing.TB, db dedupe.DB, schema, table string) []ParkedRow {
+func Parked(tb testing.TB, db pg.DB, schema, table string) []ParkedRow {
 	tb.Helper()
 	out, err := parked.NewStore(db, schema, table).List(context.Background(), parked.Filter{})
 	if err != nil {
@@ -173,7 +173,7 @@ func Parked(tb testing.TB, db dedupe.DB, schema, table string) []ParkedRow {
 // EffectCounts returns, for each value of column in table, how many rows
 // have it: with one effect row per applied message, keyed by its ID, that
 // is how many times each message was applied.
-func EffectCounts(tb testing.TB, db dedupe.DB, table, column string) map[string]int {
+func EffectCounts(tb testing.TB, db pg.DB, table, column string) map[string]int {
 	tb.Helper()
 	col := pgx.Identifier{column}.Sanitize()
 	rows, err := db.Query(context.Background(),

@@ -4,7 +4,7 @@ import (
 	"embed"
 	"io/fs"
 
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // DefaultTable is the parked table's name when none is given.
@@ -14,7 +14,7 @@ const DefaultTable = "parked"
 var migrationFiles embed.FS
 
 // Line returns the migration line of the parked-messages table
-// schema.table, for dedupe.Migrate or dedupe.MigrationSQL.
+// schema.table, for pg.Migrate or pg.MigrationSQL.
 //
 // A row holds one message whole, as delivered: ref_bytes, msg_key, payload
 // and headers are exact (a nil key or payload is NULL, an empty one an
@@ -27,15 +27,15 @@ var migrationFiles embed.FS
 // keeps its row, whose park_count and last_parked_at count the parkings
 // and whose reason and last_error are the newest; any other message, even
 // under the same ref, gets a row of its own.
-func Line(schema, table string) dedupe.Line {
+func Line(schema, table string) pg.Line {
 	if schema == "" {
-		schema = dedupe.DefaultSchema
+		schema = pg.DefaultSchema
 	}
 	if table == "" {
 		table = DefaultTable
 	}
 	sub, _ := fs.Sub(migrationFiles, "migrations")
-	return dedupe.Line{
+	return pg.Line{
 		// The name is recorded with every migration applied: it must not
 		// change.
 		Name: "consumer:" + table,

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -16,7 +16,7 @@ import (
 // in the caller's transaction, so that what they do commits or rolls back
 // with it.
 type Store struct {
-	db     dedupe.DB
+	db     pg.DB
 	schema string
 	table  string
 	ident  string // quoted schema.table
@@ -25,9 +25,9 @@ type Store struct {
 // NewStore returns the store of the parked table schema.table on db.
 // schema defaults to "effectively" and table to "parked", as in
 // consumer.Config. db may be nil when only the ...Tx methods are used.
-func NewStore(db dedupe.DB, schema, table string) *Store {
+func NewStore(db pg.DB, schema, table string) *Store {
 	if schema == "" {
-		schema = dedupe.DefaultSchema
+		schema = pg.DefaultSchema
 	}
 	if table == "" {
 		table = "parked"
@@ -39,7 +39,7 @@ func NewStore(db dedupe.DB, schema, table string) *Store {
 func (s *Store) Table() string { return s.ident }
 
 // Line returns the table's migration line (see Line).
-func (s *Store) Line() dedupe.Line { return Line(s.schema, s.table) }
+func (s *Store) Line() pg.Line { return Line(s.schema, s.table) }
 
 // Filter selects rows of the parked table. The zero value selects
 // every row.

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer/parked"
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -19,7 +19,7 @@ func newStore(t *testing.T) (*parked.Store, *pgxpool.Pool) {
 	t.Helper()
 	pool := pgtest.NewPool(t)
 	store := parked.NewStore(pool, "Ops Schema", `dead"letters`)
-	if _, err := dedupe.Migrate(context.Background(), pool, "Ops Schema", store.Line()); err != nil {
+	if _, err := pg.Migrate(context.Background(), pool, "Ops Schema", store.Line()); err != nil {
 		t.Fatal(err)
 	}
 	return store, pool

@@ -41,7 +41,7 @@
 // negative and does not change; an ExhaustionSource's ParkExhausted does
 // not change, and when it is false no message is delivered after the
 // broker's limit (Harness.ExhaustedAfter); a source that is a
-// dedupe.Migrator has lines that dedupe.Migrate applies, after which a
+// dedupe.Migrator has lines that pg.Migrate applies, after which a
 // second Migrate applies nothing; and a TxSource's BeforeCommit writes
 // with its transaction: what it acknowledged in a transaction that
 // committed is not delivered again after a restart or a lost lane, even

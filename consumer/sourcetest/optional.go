@@ -7,6 +7,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // The checks of the optional interfaces a source may implement (listed in
@@ -159,8 +160,8 @@ func testExhaustion(e *env) {
 	}
 }
 
-// testMigrator: the source's migration lines apply through dedupe.Migrate
-// (with the migrations table in dedupe.DefaultSchema), after which nothing
+// testMigrator: the source's migration lines apply through pg.Migrate
+// (with the migrations table in pg.DefaultSchema), after which nothing
 // is pending, a second Migrate applies nothing, and the source still
 // delivers.
 func testMigrator(e *env) {
@@ -173,7 +174,7 @@ func testMigrator(e *env) {
 		e.Skip("Migrations returned no lines: the source owns no tables in this configuration")
 	}
 	for _, l := range lines {
-		ms, err := l.Render(dedupe.DefaultSchema)
+		ms, err := l.Render(pg.DefaultSchema)
 		switch {
 		case l.Name == "":
 			e.Errorf("a migration line without a Name")
@@ -185,15 +186,15 @@ func testMigrator(e *env) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), fetchGuard)
 	defer cancel()
-	if _, err := dedupe.Migrate(ctx, e.b.DB, "", lines...); err != nil {
+	if _, err := pg.Migrate(ctx, e.b.DB, "", lines...); err != nil {
 		e.Fatalf("Migrate: %v", err)
 	}
-	if pending, err := dedupe.PendingMigrations(ctx, e.b.DB, "", mig.Migrations()...); err != nil {
+	if pending, err := pg.PendingMigrations(ctx, e.b.DB, "", mig.Migrations()...); err != nil {
 		e.Errorf("PendingMigrations: %v", err)
 	} else if len(pending) > 0 {
 		e.Errorf("after Migrate, %d migrations are still pending (the first: %s %03d_%s)", len(pending), pending[0].Line, pending[0].Version, pending[0].Name)
 	}
-	applied, err := dedupe.Migrate(ctx, e.b.DB, "", mig.Migrations()...)
+	applied, err := pg.Migrate(ctx, e.b.DB, "", mig.Migrations()...)
 	if err != nil {
 		e.Fatalf("Migrate a second time: %v", err)
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/effectively-once/effectively/consumer/sourcetest"
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -174,8 +174,8 @@ func (sound) ParkExhausted() bool            { return true }
 
 type migrating struct{ *consumertest.Broker }
 
-func (migrating) Migrations() []dedupe.Line {
-	return []dedupe.Line{{Name: "sourcetest:sound", FS: fstest.MapFS{
+func (migrating) Migrations() []pg.Line {
+	return []pg.Line{{Name: "sourcetest:sound", FS: fstest.MapFS{
 		"001_create.sql": {Data: []byte("CREATE TABLE sourcetest_sound (x int);")},
 	}}}
 }
@@ -236,16 +236,16 @@ type renaming struct {
 	n atomic.Int64
 }
 
-func (r *renaming) Migrations() []dedupe.Line {
-	return []dedupe.Line{{Name: "sourcetest:renaming" + string(rune('a'+r.n.Add(1)%26)), FS: fstest.MapFS{
+func (r *renaming) Migrations() []pg.Line {
+	return []pg.Line{{Name: "sourcetest:renaming" + string(rune('a'+r.n.Add(1)%26)), FS: fstest.MapFS{
 		"001_create.sql": {Data: []byte("CREATE TABLE IF NOT EXISTS sourcetest_renaming (x int);")},
 	}}}
 }
 
 type unparsable struct{ *consumertest.Broker }
 
-func (unparsable) Migrations() []dedupe.Line {
-	return []dedupe.Line{{Name: "sourcetest:unparsable", FS: fstest.MapFS{
+func (unparsable) Migrations() []pg.Line {
+	return []pg.Line{{Name: "sourcetest:unparsable", FS: fstest.MapFS{
 		"001_create.sql": {Data: []byte("CREATE TABEL sourcetest_unparsable (x int);")},
 	}}}
 }

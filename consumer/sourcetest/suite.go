@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // TagHeader is the header the suite gives every message it publishes, with
@@ -85,8 +85,8 @@ type Broker struct {
 	// DB holds the state a consumer.TxSource writes in the batch
 	// transaction (Kafka offsets), and the tables of a source that is a
 	// dedupe.Migrator (the suite migrates them again, with the migrations
-	// table in dedupe.DefaultSchema). Required when the source is either.
-	DB dedupe.DB
+	// table in pg.DefaultSchema). Required when the source is either.
+	DB pg.DB
 	// LoseLanes makes src lose every lane it holds and then get them back,
 	// as in a consumer group rebalance, and returns once the batches src
 	// handed out before are stale. Optional: without it the checks of lost

@@ -11,6 +11,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/bloom"
+	"github.com/effectively-once/effectively/pg"
 )
 
 func TestNewThenDuplicateAndMismatch(t *testing.T) {
@@ -55,8 +56,8 @@ func TestConfigValidation(t *testing.T) {
 		"nul in schema":            {Schema: "a\x00b"},
 	} {
 		_, err := bloom.New(cfg)
-		var ce *dedupe.ConfigError
-		if !errors.Is(err, dedupe.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Package != "bloom" {
+		var ce *pg.ConfigError
+		if !errors.Is(err, pg.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Package != "bloom" {
 			t.Errorf("%s: New returned %v, want a bloom ConfigError", name, err)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/bloom"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // BenchmarkClaim claims batches of 500 new keys against a table whose seven
@@ -30,7 +31,7 @@ func BenchmarkClaim(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := dedupe.Migrate(ctx, pool, "", m.Migrations()...); err != nil {
+	if _, err := pg.Migrate(ctx, pool, "", m.Migrations()...); err != nil {
 		b.Fatal(err)
 	}
 
@@ -40,10 +41,10 @@ func BenchmarkClaim(b *testing.B) {
 	if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
 		b.Fatal(err)
 	}
-	parent := pgx.Identifier{dedupe.DefaultSchema, bloom.DefaultTable}.Sanitize()
+	parent := pgx.Identifier{pg.DefaultSchema, bloom.DefaultTable}.Sanitize()
 	for i := 1; i <= slices; i++ {
 		start := now.Truncate(time.Hour).Add(-time.Duration(i) * time.Hour).UTC()
-		name := pgx.Identifier{dedupe.DefaultSchema, bloom.DefaultTable + "_" + start.Format("20060102t150405")}.Sanitize()
+		name := pgx.Identifier{pg.DefaultSchema, bloom.DefaultTable + "_" + start.Format("20060102t150405")}.Sanitize()
 		sql := fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
 			name, parent, start.Format(time.RFC3339), start.Add(time.Hour).Format(time.RFC3339))
 		if _, err := pool.Exec(ctx, sql); err != nil {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // DefaultTable is the name of the partitioned markers table unless
@@ -84,7 +85,7 @@ type Config struct {
 // withDefaults returns c with zero fields replaced by their defaults.
 func (c Config) withDefaults() Config {
 	if c.Schema == "" {
-		c.Schema = dedupe.DefaultSchema
+		c.Schema = pg.DefaultSchema
 	}
 	if c.Table == "" {
 		c.Table = DefaultTable
@@ -119,12 +120,12 @@ func (c Config) withDefaults() Config {
 // validate checks a Config whose defaults are filled in.
 func (c Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return dedupe.ConfigErrorf("bloom", field, format, args...)
+		return pg.ConfigErrorf("bloom", field, format, args...)
 	}
-	if err := dedupe.ValidateIdentifier(c.Schema, 0); err != nil {
+	if err := pg.ValidateIdentifier(c.Schema, 0); err != nil {
 		return bad("Schema", "%v", err)
 	}
-	if err := dedupe.ValidateIdentifier(c.Table, partitionSuffixLen); err != nil {
+	if err := pg.ValidateIdentifier(c.Table, partitionSuffixLen); err != nil {
 		return bad("Table", "%v", err)
 	}
 	switch {

@@ -119,7 +119,7 @@
 // Under a consumer, (*consumer.Consumer).Migrate and Run are all it takes:
 // the consumer runs Maintain before its first claim, RunMaintenance in the
 // background and Warm at start (Strategy implements dedupe.Maintainer and
-// dedupe.Warmer). Used on its own, apply the migrations (dedupe.Migrate
+// dedupe.Warmer). Used on its own, apply the migrations (pg.Migrate
 // with Migrations) and run Maintain once, then run RunMaintenance in the background (it
 // runs just after every slice boundary too, so the closed slice is sealed
 // at once), and call Warm at start to build the filters from the live

@@ -9,6 +9,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/bloom"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -31,7 +32,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	if _, err := dedupe.Migrate(ctx, pool, "", strategy.Migrations()...); err != nil {
+	if _, err := pg.Migrate(ctx, pool, "", strategy.Migrations()...); err != nil {
 		panic(err)
 	}
 	if err := strategy.Maintain(ctx, pool); err != nil { // the partitions

@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/bloom"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // BenchmarkExpireSlice compares the cost of expiring one slice of 100,000
@@ -42,11 +42,11 @@ func BenchmarkExpireSlice(b *testing.B) {
 	b.Run("drop-partition", func(b *testing.B) {
 		cfg := bloom.Config{Slice: time.Hour, Retention: 2 * time.Hour}
 		s, pool := setup(b, cfg)
-		parent := pgx.Identifier{dedupe.DefaultSchema, bloom.DefaultTable}.Sanitize()
+		parent := pgx.Identifier{pg.DefaultSchema, bloom.DefaultTable}.Sanitize()
 		var wal, took float64
 		for i := 0; b.Loop(); i++ {
 			start := time.Now().Truncate(time.Hour).Add(-time.Duration(3+i) * time.Hour).UTC()
-			name := pgx.Identifier{dedupe.DefaultSchema, bloom.DefaultTable + "_" + start.Format("20060102t150405")}.Sanitize()
+			name := pgx.Identifier{pg.DefaultSchema, bloom.DefaultTable + "_" + start.Format("20060102t150405")}.Sanitize()
 			if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')`,
 				name, parent, start.Format(time.RFC3339), start.Add(time.Hour).Format(time.RFC3339))); err != nil {
 				b.Fatal(err)

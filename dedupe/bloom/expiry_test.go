@@ -10,6 +10,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/bloom"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // TestExpiryByPartitionDropWhileConsuming consumes fresh keys and
@@ -93,7 +94,7 @@ func TestClaimWithoutPartition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dedupe.Migrate(t.Context(), pool, "", s.Migrations()...); err != nil {
+	if _, err := pg.Migrate(t.Context(), pool, "", s.Migrations()...); err != nil {
 		t.Fatal(err)
 	}
 	tx, err := pool.Begin(t.Context())

@@ -11,6 +11,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/bloom"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -35,7 +36,7 @@ func open(t testing.TB, pool *pgxpool.Pool, cfg bloom.Config) *bloom.Strategy {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if _, err := dedupe.Migrate(ctx, pool, cfg.Schema, s.Migrations()...); err != nil {
+	if _, err := pg.Migrate(ctx, pool, cfg.Schema, s.Migrations()...); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Maintain(ctx, pool); err != nil {
@@ -104,7 +105,7 @@ func expectAll(t testing.TB, what string, vs []dedupe.Verdict, want dedupe.Verdi
 func markers(t testing.TB, pool *pgxpool.Pool, table string) int {
 	t.Helper()
 	var n int
-	q := `SELECT count(*) FROM ` + pgx.Identifier{dedupe.DefaultSchema, table}.Sanitize()
+	q := `SELECT count(*) FROM ` + pgx.Identifier{pg.DefaultSchema, table}.Sanitize()
 	if err := pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +117,7 @@ func partitionCount(t testing.TB, pool *pgxpool.Pool, table string) int {
 	t.Helper()
 	var n int
 	err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass($1)`,
-		pgx.Identifier{dedupe.DefaultSchema, table}.Sanitize()).Scan(&n)
+		pgx.Identifier{pg.DefaultSchema, table}.Sanitize()).Scan(&n)
 	if err != nil {
 		t.Fatal(err)
 	}

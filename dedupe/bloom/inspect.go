@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 )
 
 var _ dedupe.Inspector = (*Strategy)(nil)
@@ -14,7 +15,7 @@ var _ dedupe.Inspector = (*Strategy)(nil)
 // MarkerStats reports the markers table's size (all partitions) and, per
 // scope, its markers and the oldest and newest slices they were written
 // in (dedupe.Inspector).
-func (s *Strategy) MarkerStats(ctx context.Context, db dedupe.DB, scope string) (dedupe.MarkerStats, error) {
+func (s *Strategy) MarkerStats(ctx context.Context, db pg.DB, scope string) (dedupe.MarkerStats, error) {
 	st := dedupe.MarkerStats{
 		Strategy: s.Name(), Table: s.cfg.Schema + "." + s.cfg.Table,
 		Details: map[string]string{"retention": s.cfg.Retention.String(), "slice": s.cfg.Slice.String()},
@@ -45,7 +46,7 @@ func (s *Strategy) MarkerStats(ctx context.Context, db dedupe.DB, scope string) 
 // SweepExpired runs Maintain, which drops the partitions whose whole slice
 // is older than the retention (and creates the current ones), or with
 // dryRun counts the partitions it would drop (dedupe.Inspector).
-func (s *Strategy) SweepExpired(ctx context.Context, db dedupe.DB, dryRun bool) (dedupe.SweepReport, error) {
+func (s *Strategy) SweepExpired(ctx context.Context, db pg.DB, dryRun bool) (dedupe.SweepReport, error) {
 	rep := dedupe.SweepReport{Table: s.cfg.Schema + "." + s.cfg.Table, Retention: s.cfg.Retention, Unit: "partition"}
 	before, err := s.partitions(ctx, db)
 	if err != nil {
@@ -79,7 +80,7 @@ func (s *Strategy) SweepExpired(ctx context.Context, db dedupe.DB, dryRun bool) 
 }
 
 // dbNow is the database's clock, which maintenance goes by.
-func (s *Strategy) dbNow(ctx context.Context, db dedupe.DB) (time.Time, error) {
+func (s *Strategy) dbNow(ctx context.Context, db pg.DB) (time.Time, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("bloom: sweep: %w", err)

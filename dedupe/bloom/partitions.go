@@ -8,9 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/effectively-once/effectively/dedupe"
 )
 
 // partitionTimeLayout formats a slice start in a partition's name.
@@ -42,7 +41,7 @@ func (s *Strategy) partitionStart(name string) (time.Time, bool) {
 // last run, rebuilding their filters from the store. Run it before the
 // first Claim and then regularly (RunMaintenance does). Several processes
 // may run it at once.
-func (s *Strategy) Maintain(ctx context.Context, db dedupe.DB) error {
+func (s *Strategy) Maintain(ctx context.Context, db pg.DB) error {
 	now, err := s.ensurePartitions(ctx, db)
 	if err != nil {
 		return err
@@ -64,7 +63,7 @@ func (s *Strategy) Maintain(ctx context.Context, db dedupe.DB) error {
 
 // ensurePartitions creates the partitions from the current slice to
 // PartitionsAhead slices ahead and returns the database's clock.
-func (s *Strategy) ensurePartitions(ctx context.Context, db dedupe.DB) (time.Time, error) {
+func (s *Strategy) ensurePartitions(ctx context.Context, db pg.DB) (time.Time, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("bloom: maintain: %w", err)
@@ -113,7 +112,7 @@ type partition struct {
 }
 
 // partitions lists the tables named like this strategy's partitions.
-func (s *Strategy) partitions(ctx context.Context, db dedupe.DB) ([]partition, error) {
+func (s *Strategy) partitions(ctx context.Context, db pg.DB) ([]partition, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return nil, err
@@ -149,7 +148,7 @@ WHERE n.nspname = $1 AND c.relkind = 'r' AND left(c.relname, length($2)) = $2`,
 // One process drops at a time: the others skip their turn. The lock is held
 // by a transaction on one connection while the detaches run on others (they
 // cannot run inside a transaction), so db must be a pool.
-func (s *Strategy) dropExpired(ctx context.Context, db dedupe.DB, now time.Time) error {
+func (s *Strategy) dropExpired(ctx context.Context, db pg.DB, now time.Time) error {
 	horizon := now.Add(-s.cfg.Retention)
 	parts, err := s.partitions(ctx, db)
 	if err != nil {
@@ -205,7 +204,7 @@ func (s *Strategy) dropExpired(ctx context.Context, db dedupe.DB, now time.Time)
 // RunMaintenance runs Maintain at once and then about four times a slice
 // (at most once a minute, and just after every slice boundary) until ctx is
 // done, when it returns nil. Errors are logged and retried at the next run.
-func (s *Strategy) RunMaintenance(ctx context.Context, db dedupe.DB) error {
+func (s *Strategy) RunMaintenance(ctx context.Context, db pg.DB) error {
 	every := min(s.cfg.Slice/4, time.Minute)
 	for {
 		if err := s.Maintain(ctx, db); err != nil && ctx.Err() == nil {

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -29,7 +30,7 @@ func TestClaimReplansWhenTheClockIsElsewhere(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := dedupe.Migrate(ctx, pool, cfg.Schema, s.Migrations()...); err != nil {
+		if _, err := pg.Migrate(ctx, pool, cfg.Schema, s.Migrations()...); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.Maintain(ctx, pool); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 )
 
 //go:embed migrations/*.sql
@@ -62,8 +63,8 @@ var (
 )
 
 // New returns a Strategy for cfg, or an error wrapping
-// dedupe.ErrInvalidConfig when a value is out of range. It does not touch
-// the database: apply Migrations with dedupe.Migrate, then run Maintain (or
+// pg.ErrInvalidConfig when a value is out of range. It does not touch
+// the database: apply Migrations with pg.Migrate, then run Maintain (or
 // RunMaintenance) so that partitions exist, and Warm to load the filters.
 func New(cfg Config) (*Strategy, error) {
 	cfg = cfg.withDefaults()
@@ -99,12 +100,12 @@ func (s *Strategy) Warmed() bool { return s.warm.Load() }
 
 // Migrations returns the migration line that creates the partitioned
 // markers table. Partitions are created by Maintain.
-func (s *Strategy) Migrations() []dedupe.Line {
+func (s *Strategy) Migrations() []pg.Line {
 	sub, err := fs.Sub(migrationFiles, "migrations")
 	if err != nil {
 		panic(err) // the embedded directory always exists
 	}
-	return []dedupe.Line{{
+	return []pg.Line{{
 		Name: "bloom:" + s.cfg.Table,
 		FS:   sub,
 		Idents: map[string]string{

@@ -8,9 +8,8 @@ import (
 	"time"
 
 	"github.com/bits-and-blooms/bloom/v3"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/effectively-once/effectively/dedupe"
 )
 
 // progressEvery is how many keys a warm-up loads between progress reports.
@@ -25,7 +24,7 @@ var errSealBusy = errors.New("bloom: claiming transactions stayed in flight long
 // barrier read the clock later, so it wrote to a slice that starts after
 // the returned time's slice begins; every slice that ended at or before the
 // returned time is complete.
-func (s *Strategy) barrier(ctx context.Context, db dedupe.DB) (time.Time, error) {
+func (s *Strategy) barrier(ctx context.Context, db pg.DB) (time.Time, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return time.Time{}, err
@@ -50,7 +49,7 @@ func (s *Strategy) barrier(ctx context.Context, db dedupe.DB) (time.Time, error)
 // seal builds, from the store, the filter of every live slice that has
 // closed and is not sealed yet. With open, it also loads the current
 // slice's markers into this process's open filter (a hint).
-func (s *Strategy) seal(ctx context.Context, db dedupe.DB, open bool) error {
+func (s *Strategy) seal(ctx context.Context, db pg.DB, open bool) error {
 	s.sealMu.Lock()
 	defer s.sealMu.Unlock()
 	var todo []time.Time
@@ -103,7 +102,7 @@ func (s *Strategy) seal(ctx context.Context, db dedupe.DB, open bool) error {
 // sealed slice's filters are sized from the number of markers of each
 // scope; an open slice's from ExpectedKeysPerSlice, since it keeps
 // growing.
-func (s *Strategy) load(ctx context.Context, db dedupe.DB, sealed []time.Time, open *time.Time) ([]*sliceFilter, int64, error) {
+func (s *Strategy) load(ctx context.Context, db pg.DB, sealed []time.Time, open *time.Time) ([]*sliceFilter, int64, error) {
 	bySlice := make(map[int64]*sliceFilter, len(sealed)+1)
 	all := slices.Clone(sealed)
 	for _, t := range sealed {
@@ -212,7 +211,7 @@ func (s *Strategy) mergeOpen(sf *sliceFilter) {
 // the partitions of every slice without a sealed filter, for every key.
 // Warm waits up to SealTimeout for the claiming transactions in flight and
 // returns an error if they do not finish by then.
-func (s *Strategy) Warm(ctx context.Context, db dedupe.DB) error {
+func (s *Strategy) Warm(ctx context.Context, db pg.DB) error {
 	if s.cfg.DisableFilter {
 		return nil
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/bloom"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // syncBuffer is a bytes.Buffer safe for a logger used from several goroutines.
@@ -112,7 +113,7 @@ func TestRestartAndWarm(t *testing.T) {
 // countingDB counts the transactions run through it: every Begin, and every
 // statement run outside one.
 type countingDB struct {
-	dedupe.DB
+	pg.DB
 	n atomic.Int64
 }
 

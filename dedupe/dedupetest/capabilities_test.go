@@ -13,6 +13,7 @@ import (
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/highwater"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // Broken optional interfaces: idset (or highwater) with one optional
@@ -137,8 +138,8 @@ func (t twofaced) Retention() time.Duration { return 2 * t.Strategy.Retention() 
 
 type hollow struct{ *idset.Strategy }
 
-func (hollow) Migrations() []dedupe.Line {
-	return []dedupe.Line{{Name: "idset:hollow", FS: fstest.MapFS{"001_nothing.sql": {Data: []byte("SELECT 1;")}}}}
+func (hollow) Migrations() []pg.Line {
+	return []pg.Line{{Name: "idset:hollow", FS: fstest.MapFS{"001_nothing.sql": {Data: []byte("SELECT 1;")}}}}
 }
 
 type renaming struct {
@@ -146,7 +147,7 @@ type renaming struct {
 	n atomic.Int64
 }
 
-func (r *renaming) Migrations() []dedupe.Line {
+func (r *renaming) Migrations() []pg.Line {
 	ls := r.Strategy.Migrations()
 	for i := range ls {
 		ls[i].Name += string(rune('a' + r.n.Add(1)%26))
@@ -156,25 +157,25 @@ func (r *renaming) Migrations() []dedupe.Line {
 
 type once struct{ *idset.Strategy }
 
-func (once) Maintain(ctx context.Context, db dedupe.DB) error {
+func (once) Maintain(ctx context.Context, db pg.DB) error {
 	_, err := db.Exec(ctx, `CREATE TABLE effectively.maintained (at timestamptz)`)
 	return err
 }
 
 type truncating struct{ *idset.Strategy }
 
-func (truncating) Maintain(ctx context.Context, db dedupe.DB) error {
+func (truncating) Maintain(ctx context.Context, db pg.DB) error {
 	_, err := db.Exec(ctx, `DELETE FROM effectively.processed`)
 	return err
 }
 
 type deafMaint struct{ *idset.Strategy }
 
-func (deafMaint) RunMaintenance(context.Context, dedupe.DB) error { select {} }
+func (deafMaint) RunMaintenance(context.Context, pg.DB) error { select {} }
 
 type deafWarm struct{ *idset.Strategy }
 
-func (deafWarm) Warm(context.Context, dedupe.DB) error { select {} }
+func (deafWarm) Warm(context.Context, pg.DB) error { select {} }
 
 // amnesiac, once warmed, calls every duplicate new.
 type amnesiac struct {
@@ -182,7 +183,7 @@ type amnesiac struct {
 	warm atomic.Bool
 }
 
-func (a *amnesiac) Warm(context.Context, dedupe.DB) error { a.warm.Store(true); return nil }
+func (a *amnesiac) Warm(context.Context, pg.DB) error { a.warm.Store(true); return nil }
 
 func (a *amnesiac) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]dedupe.Verdict, error) {
 	vs, err := a.Strategy.Claim(ctx, tx, keys)

@@ -7,7 +7,7 @@
 //			New: func(t *testing.T) (dedupe.Strategy, *pgxpool.Pool) {
 //				pool := pgtest.NewPool(t)
 //				s, _ := idset.New(idset.Config{})
-//				_, _ = dedupe.Migrate(context.Background(), pool, "", s.Migrations()...)
+//				_, _ = pg.Migrate(context.Background(), pool, "", s.Migrations()...)
 //				return s, pool
 //			},
 //			Key: func(scope string, i int) dedupe.Key {
@@ -73,10 +73,10 @@
 //     empty database PendingMigrations lists every migration of the lines,
 //     Migrate applies them all, a second Migrate nothing, and the strategy
 //     claims there (after Maintain, for a Maintainer); the script of
-//     dedupe.MigrationSQL, run on another empty database, does the same.
+//     pg.MigrationSQL, run on another empty database, does the same.
 //     The empty databases are created on the harness's server, so its role
 //     needs CREATEDB; the migrations table's schema is the one in which the
-//     harness recorded the lines (dedupe.DefaultSchema if none).
+//     harness recorded the lines (pg.DefaultSchema if none).
 //   - Maintainer: Maintain succeeds twice in a row and keeps live markers;
 //     claims are right while RunMaintenance runs, which does not fail on
 //     its own and returns, nil or with the context's error, within ten

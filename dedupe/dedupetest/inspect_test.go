@@ -5,6 +5,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // Broken inspectors: idset with one Inspector method gone wrong.
@@ -21,13 +22,13 @@ func init() {
 
 type unfiltered struct{ *idset.Strategy }
 
-func (u unfiltered) MarkerStats(ctx context.Context, db dedupe.DB, _ string) (dedupe.MarkerStats, error) {
+func (u unfiltered) MarkerStats(ctx context.Context, db pg.DB, _ string) (dedupe.MarkerStats, error) {
 	return u.Strategy.MarkerStats(ctx, db, "")
 }
 
 type sweepAll struct{ *idset.Strategy }
 
-func (s sweepAll) SweepExpired(ctx context.Context, db dedupe.DB, dryRun bool) (dedupe.SweepReport, error) {
+func (s sweepAll) SweepExpired(ctx context.Context, db pg.DB, dryRun bool) (dedupe.SweepReport, error) {
 	if _, err := db.Exec(ctx, `DELETE FROM effectively.processed`); err != nil {
 		return dedupe.SweepReport{}, err
 	}

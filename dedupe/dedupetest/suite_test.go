@@ -16,6 +16,7 @@ import (
 	"github.com/effectively-once/effectively/dedupe/dedupetest"
 	"github.com/effectively-once/effectively/dedupe/highwater"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -127,7 +128,7 @@ func TestBroken(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if _, err := dedupe.Migrate(context.Background(), pool, "", s.Migrations()...); err != nil {
+				if _, err := pg.Migrate(context.Background(), pool, "", s.Migrations()...); err != nil {
 					t.Fatal(err)
 				}
 				return b.hw(s), pool
@@ -145,7 +146,7 @@ func TestBroken(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := dedupe.Migrate(context.Background(), pool, "", s.Migrations()...); err != nil {
+			if _, err := pg.Migrate(context.Background(), pool, "", s.Migrations()...); err != nil {
 				t.Fatal(err)
 			}
 			return b.wrap(s), pool

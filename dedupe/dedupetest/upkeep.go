@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // prompt is how long a background call of the strategy may take to return
@@ -123,28 +124,28 @@ func testMigrator(e *env) {
 		total += len(ms)
 	}
 
-	if applied, err := dedupe.Migrate(ctx, e.pool, schema, m.Migrations()...); err != nil || len(applied) != 0 {
+	if applied, err := pg.Migrate(ctx, e.pool, schema, m.Migrations()...); err != nil || len(applied) != 0 {
 		e.Errorf("Migrate on the harness's migrated store applied %d migrations, %v; want none", len(applied), err)
 	}
 
 	db := e.emptyDatabase()
-	pending, err := dedupe.PendingMigrations(ctx, db, schema, lines...)
+	pending, err := pg.PendingMigrations(ctx, db, schema, lines...)
 	if err != nil || len(pending) != total {
 		e.Errorf("PendingMigrations on an empty database: %d, %v; want all %d", len(pending), err, total)
 	}
-	applied, err := dedupe.Migrate(ctx, db, schema, lines...)
+	applied, err := pg.Migrate(ctx, db, schema, lines...)
 	if err != nil || len(applied) != total {
 		e.Fatalf("Migrate on an empty database applied %d migrations, %v; want all %d", len(applied), err, total)
 	}
-	if again, err := dedupe.Migrate(ctx, db, schema, m.Migrations()...); err != nil || len(again) != 0 {
+	if again, err := pg.Migrate(ctx, db, schema, m.Migrations()...); err != nil || len(again) != 0 {
 		e.Errorf("a second Migrate applied %d migrations, %v; want none", len(again), err)
 	}
-	if left, err := dedupe.PendingMigrations(ctx, db, schema, m.Migrations()...); err != nil || len(left) != 0 {
+	if left, err := pg.PendingMigrations(ctx, db, schema, m.Migrations()...); err != nil || len(left) != 0 {
 		e.Errorf("PendingMigrations after Migrate: %d, %v; want none", len(left), err)
 	}
 	e.claimsWork("after Migrate", db)
 
-	script, err := dedupe.MigrationSQL(schema, lines...)
+	script, err := pg.MigrationSQL(schema, lines...)
 	if err != nil {
 		e.Fatalf("MigrationSQL: %v", err)
 	}
@@ -152,15 +153,15 @@ func testMigrator(e *env) {
 	if _, err := db.Exec(ctx, script); err != nil {
 		e.Fatalf("running the script of MigrationSQL: %v\n%s", err, script)
 	}
-	if again, err := dedupe.Migrate(ctx, db, schema, m.Migrations()...); err != nil || len(again) != 0 {
+	if again, err := pg.Migrate(ctx, db, schema, m.Migrations()...); err != nil || len(again) != 0 {
 		e.Errorf("Migrate after the script of MigrationSQL applied %d migrations, %v; want none", len(again), err)
 	}
 	e.claimsWork("after the script of MigrationSQL", db)
 }
 
 // migrationsSchema returns the schema of the migrations table in which the
-// harness recorded lines, or dedupe.DefaultSchema.
-func (e *env) migrationsSchema(lines []dedupe.Line) string {
+// harness recorded lines, or pg.DefaultSchema.
+func (e *env) migrationsSchema(lines []pg.Line) string {
 	e.Helper()
 	ctx := context.Background()
 	var schemas []string
@@ -182,7 +183,7 @@ func (e *env) migrationsSchema(lines []dedupe.Line) string {
 			return s
 		}
 	}
-	return dedupe.DefaultSchema
+	return pg.DefaultSchema
 }
 
 // emptyDatabase creates an empty database on the harness's server, for as

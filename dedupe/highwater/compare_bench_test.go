@@ -11,6 +11,7 @@ import (
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/highwater"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -64,7 +65,7 @@ var comparedStrategies = []compared{
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := dedupe.Migrate(context.Background(), pool, "", s.Migrations()...); err != nil {
+		if _, err := pg.Migrate(context.Background(), pool, "", s.Migrations()...); err != nil {
 			b.Fatal(err)
 		}
 		return s

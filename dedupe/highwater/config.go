@@ -7,6 +7,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // Mode says which sequence numbers of a sender are accepted after its mark.
@@ -40,7 +41,7 @@ func (m Mode) String() string {
 type Config struct {
 	// Mode is Strict or Monotonic. Defaults to Strict.
 	Mode Mode
-	// Schema holds the tables. Defaults to "effectively" (dedupe.DefaultSchema).
+	// Schema holds the tables. Defaults to "effectively" (pg.DefaultSchema).
 	Schema string
 	// Table is the marks table, one row per (scope, sender). Defaults to
 	// "marks" (DefaultTable).
@@ -89,7 +90,7 @@ const advancesIndexSuffix = "_sender_idx"
 
 func (c Config) withDefaults() Config {
 	if c.Schema == "" {
-		c.Schema = dedupe.DefaultSchema
+		c.Schema = pg.DefaultSchema
 	}
 	if c.Table == "" {
 		c.Table = DefaultTable
@@ -117,13 +118,13 @@ func (c Config) withDefaults() Config {
 
 func (c Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return dedupe.ConfigErrorf("highwater", field, format, args...)
+		return pg.ConfigErrorf("highwater", field, format, args...)
 	}
 	for _, f := range [...]struct {
 		name, v string
 		reserve int
 	}{{"Schema", c.Schema, 0}, {"Table", c.Table, 0}, {"AdvancesTable", c.AdvancesTable, len(advancesIndexSuffix)}} {
-		if err := dedupe.ValidateIdentifier(f.v, f.reserve); err != nil {
+		if err := pg.ValidateIdentifier(f.v, f.reserve); err != nil {
 			return bad(f.name, "%v", err)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/dedupetest"
 	"github.com/effectively-once/effectively/dedupe/highwater"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -32,7 +33,7 @@ func TestConformance(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if _, err := dedupe.Migrate(context.Background(), pool, "", s.Migrations()...); err != nil {
+					if _, err := pg.Migrate(context.Background(), pool, "", s.Migrations()...); err != nil {
 						t.Fatal(err)
 					}
 					return s, pool

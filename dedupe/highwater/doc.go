@@ -62,7 +62,7 @@
 // statements in two round trips per batch, whatever its size. Two transactions claiming the
 // same sender take turns on its row, so a seq is never applied twice.
 // Tables are created by the migrations from Strategy.Migrations (apply them
-// with dedupe.Migrate, or through the consumer's Migrate); all identifiers
+// with pg.Migrate, or through the consumer's Migrate); all identifiers
 // are quoted.
 //
 // # Keys

@@ -11,6 +11,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/highwater"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -72,7 +73,7 @@ func newStrategy(tb testing.TB, pool *pgxpool.Pool, cfg highwater.Config) *highw
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if _, err := dedupe.Migrate(context.Background(), pool, "", s.Migrations()...); err != nil {
+	if _, err := pg.Migrate(context.Background(), pool, "", s.Migrations()...); err != nil {
 		tb.Fatal(err)
 	}
 	return s
@@ -116,7 +117,7 @@ func key(sender string, seq int64) dedupe.Key {
 func marks(tb testing.TB, pool *pgxpool.Pool, table string) map[string]int64 {
 	tb.Helper()
 	rows, err := pool.Query(context.Background(),
-		`SELECT sender, seq FROM `+pgx.Identifier{dedupe.DefaultSchema, table}.Sanitize()+` WHERE seq > 0`)
+		`SELECT sender, seq FROM `+pgx.Identifier{pg.DefaultSchema, table}.Sanitize()+` WHERE seq > 0`)
 	if err != nil {
 		tb.Fatal(err)
 	}

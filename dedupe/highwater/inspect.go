@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 )
 
 var _ dedupe.Inspector = (*Strategy)(nil)
@@ -14,7 +15,7 @@ var _ dedupe.Inspector = (*Strategy)(nil)
 // MarkerStats reports the sizes of the marks and advances tables and, per
 // scope, its senders (one mark each) and when the least and the most
 // recently updated marks were written (dedupe.Inspector).
-func (s *Strategy) MarkerStats(ctx context.Context, db dedupe.DB, scope string) (dedupe.MarkerStats, error) {
+func (s *Strategy) MarkerStats(ctx context.Context, db pg.DB, scope string) (dedupe.MarkerStats, error) {
 	st := dedupe.MarkerStats{
 		Strategy: s.Name(), Table: s.cfg.Schema + "." + s.cfg.Table,
 		Details: map[string]string{"mode": s.cfg.Mode.String()},
@@ -42,6 +43,6 @@ func (s *Strategy) MarkerStats(ctx context.Context, db dedupe.DB, scope string) 
 
 // SweepExpired returns an error wrapping dedupe.ErrNoSweep: a mark holds
 // its sender's last sequence number for good (dedupe.Inspector).
-func (s *Strategy) SweepExpired(context.Context, dedupe.DB, bool) (dedupe.SweepReport, error) {
+func (s *Strategy) SweepExpired(context.Context, pg.DB, bool) (dedupe.SweepReport, error) {
 	return dedupe.SweepReport{}, fmt.Errorf("highwater marks do not expire, each holds its sender's last sequence number: %w", dedupe.ErrNoSweep)
 }

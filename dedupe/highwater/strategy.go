@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -38,8 +39,8 @@ var (
 	_ dedupe.Sequencer  = (*Strategy)(nil)
 )
 
-// New returns a Strategy for cfg, or a *dedupe.ConfigError (matching
-// dedupe.ErrInvalidConfig) for a bad value. Its tables are created by the
+// New returns a Strategy for cfg, or a *pg.ConfigError (matching
+// pg.ErrInvalidConfig) for a bad value. Its tables are created by the
 // migrations that Migrations returns.
 func New(cfg Config) (*Strategy, error) {
 	cfg = cfg.withDefaults()
@@ -86,12 +87,12 @@ func (s *Strategy) Mode() Mode { return s.cfg.Mode }
 // Migrations returns the line that creates the marks table and the audit
 // table of Advance, named "highwater:" + the marks table. The tables live
 // in Config.Schema whatever schema Migrate is given.
-func (s *Strategy) Migrations() []dedupe.Line {
+func (s *Strategy) Migrations() []pg.Line {
 	sub, err := fs.Sub(migrationFiles, "migrations")
 	if err != nil {
 		panic(fmt.Sprintf("highwater: embedded migrations: %v", err)) // cannot happen: the directory is embedded
 	}
-	return []dedupe.Line{{
+	return []pg.Line{{
 		Name: "highwater:" + s.cfg.Table,
 		FS:   sub,
 		Idents: map[string]string{

@@ -9,6 +9,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/highwater"
+	"github.com/effectively-once/effectively/pg"
 )
 
 func keys(sender string, seqs ...int64) []dedupe.Key {
@@ -276,8 +277,8 @@ func TestConfigErrors(t *testing.T) {
 		{Table: strings.Repeat("t", 45)}, // its advances table's index name would be truncated
 	} {
 		_, err := highwater.New(cfg)
-		var ce *dedupe.ConfigError
-		if !errors.Is(err, dedupe.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Package != "highwater" {
+		var ce *pg.ConfigError
+		if !errors.Is(err, pg.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Package != "highwater" {
 			t.Errorf("New(%+v) = %v, want a highwater ConfigError", cfg, err)
 		}
 	}
@@ -309,7 +310,7 @@ func TestQuotedIdentifiers(t *testing.T) {
 	if _, err := s.Advance(context.Background(), tx, "test", "a", 3, "lost"); err != nil {
 		t.Fatal(err)
 	}
-	sql, err := dedupe.MigrationSQL("", s.Migrations()...)
+	sql, err := pg.MigrationSQL("", s.Migrations()...)
 	if err != nil {
 		t.Fatal(err)
 	}

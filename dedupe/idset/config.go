@@ -6,6 +6,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // Defaults of the Config fields.
@@ -59,7 +60,7 @@ type Config struct {
 // withDefaults returns c with zero fields replaced by their defaults.
 func (c Config) withDefaults() Config {
 	if c.Schema == "" {
-		c.Schema = dedupe.DefaultSchema
+		c.Schema = pg.DefaultSchema
 	}
 	if c.Table == "" {
 		c.Table = DefaultTable
@@ -85,10 +86,10 @@ func (c Config) withDefaults() Config {
 // validate checks a Config whose defaults are filled in.
 func (c Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return dedupe.ConfigErrorf("idset", field, format, args...)
+		return pg.ConfigErrorf("idset", field, format, args...)
 	}
 	for _, f := range [...]struct{ name, v string }{{"Schema", c.Schema}, {"Table", c.Table}} {
-		if err := dedupe.ValidateIdentifier(f.v, 0); err != nil {
+		if err := pg.ValidateIdentifier(f.v, 0); err != nil {
 			return bad(f.name, "%v", err)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/pg"
 )
 
 func TestNewDefaults(t *testing.T) {
@@ -49,14 +50,14 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"Table", idset.Config{Table: strings.Repeat("é", 32)}}, // 64 bytes
 	} {
 		s, err := idset.New(tc.cfg)
-		var ce *dedupe.ConfigError
+		var ce *pg.ConfigError
 		switch {
 		case err == nil:
 			t.Errorf("New(%+v) = %v, nil; want an error for %s", tc.cfg, s, tc.field)
-		case !errors.Is(err, dedupe.ErrInvalidConfig):
-			t.Errorf("New(%+v) = %v, which is not dedupe.ErrInvalidConfig", tc.cfg, err)
+		case !errors.Is(err, pg.ErrInvalidConfig):
+			t.Errorf("New(%+v) = %v, which is not pg.ErrInvalidConfig", tc.cfg, err)
 		case !errors.As(err, &ce) || ce.Field != tc.field || ce.Package != "idset":
-			t.Errorf("New(%+v) = %v, want a *dedupe.ConfigError for idset's field %s", tc.cfg, err, tc.field)
+			t.Errorf("New(%+v) = %v, want a *pg.ConfigError for idset's field %s", tc.cfg, err, tc.field)
 		case !strings.HasPrefix(err.Error(), "idset: invalid config: "+tc.field+": "):
 			t.Errorf("New(%+v) = %q, want it to name idset's field %s", tc.cfg, err, tc.field)
 		}

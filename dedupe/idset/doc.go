@@ -21,7 +21,7 @@
 // Config.RedeliveryHorizon says it is not.
 //
 // The table is created by embedded, numbered migrations, handed out by
-// Migrations: a consumer's Migrate applies them, dedupe.Migrate applies them
-// together with other lines, and dedupe.MigrationSQL prints them for a DBA.
+// Migrations: a consumer's Migrate applies them, pg.Migrate applies them
+// together with other lines, and pg.MigrationSQL prints them for a DBA.
 // Schema and table names are configurable and always quoted.
 package idset

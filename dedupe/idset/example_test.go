@@ -9,6 +9,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -32,7 +33,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	if _, err := dedupe.Migrate(ctx, pool, "", strategy.Migrations()...); err != nil {
+	if _, err := pg.Migrate(ctx, pool, "", strategy.Migrations()...); err != nil {
 		panic(err)
 	}
 	sweepCtx, stopSweeper := context.WithCancel(ctx)

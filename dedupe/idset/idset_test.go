@@ -10,6 +10,7 @@ import (
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/dedupetest"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -23,7 +24,7 @@ func newStrategy(t testing.TB, cfg idset.Config) (*idset.Strategy, *pgxpool.Pool
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	if _, err := dedupe.Migrate(context.Background(), pool, cfg.Schema, s.Migrations()...); err != nil {
+	if _, err := pg.Migrate(context.Background(), pool, cfg.Schema, s.Migrations()...); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
 	return s, pool

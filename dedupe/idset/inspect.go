@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 )
 
 var _ dedupe.Inspector = (*Strategy)(nil)
@@ -15,7 +16,7 @@ func (s *Strategy) table() string { return pgx.Identifier{s.cfg.Schema, s.cfg.Ta
 
 // MarkerStats reports the markers table's size and, per scope, its markers
 // and when the oldest and newest were written (dedupe.Inspector).
-func (s *Strategy) MarkerStats(ctx context.Context, db dedupe.DB, scope string) (dedupe.MarkerStats, error) {
+func (s *Strategy) MarkerStats(ctx context.Context, db pg.DB, scope string) (dedupe.MarkerStats, error) {
 	st := dedupe.MarkerStats{
 		Strategy: s.Name(), Table: s.cfg.Schema + "." + s.cfg.Table,
 		Details: map[string]string{"retention": s.cfg.Retention.String()},
@@ -40,7 +41,7 @@ func (s *Strategy) MarkerStats(ctx context.Context, db dedupe.DB, scope string) 
 
 // SweepExpired deletes the markers older than the retention with Sweep,
 // or with dryRun counts them (dedupe.Inspector).
-func (s *Strategy) SweepExpired(ctx context.Context, db dedupe.DB, dryRun bool) (dedupe.SweepReport, error) {
+func (s *Strategy) SweepExpired(ctx context.Context, db pg.DB, dryRun bool) (dedupe.SweepReport, error) {
 	rep := dedupe.SweepReport{Table: s.cfg.Schema + "." + s.cfg.Table, Retention: s.cfg.Retention, Unit: "marker"}
 	if !dryRun {
 		n, err := s.Sweep(ctx, db)

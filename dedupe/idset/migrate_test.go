@@ -10,6 +10,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -48,7 +49,7 @@ func TestMigrateQuotesNames(t *testing.T) {
 			t.Errorf("%s: Sweep = %d, %v; want 1, nil", table, n, err)
 		}
 		// Migrating again applies nothing.
-		applied, err := dedupe.Migrate(ctx, pool, tc.schema, s.Migrations()...)
+		applied, err := pg.Migrate(ctx, pool, tc.schema, s.Migrations()...)
 		if err != nil || len(applied) != 0 {
 			t.Errorf("%s: second Migrate applied %v, %v; want nothing", table, applied, err)
 		}
@@ -65,14 +66,14 @@ func TestMigrationSQLAppliesByHand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	script, err := dedupe.MigrationSQL("My Schema", s.Migrations()...)
+	script, err := pg.MigrationSQL("My Schema", s.Migrations()...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, script); err != nil {
 		t.Fatalf("applying the script by hand: %v\n%s", err, script)
 	}
-	applied, err := dedupe.Migrate(ctx, pool, "My Schema", s.Migrations()...)
+	applied, err := pg.Migrate(ctx, pool, "My Schema", s.Migrations()...)
 	if err != nil || len(applied) != 0 {
 		t.Errorf("Migrate after the script applied %v, %v; want nothing", applied, err)
 	}
@@ -93,7 +94,7 @@ func TestMigrateWithOtherLines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	applied, err := dedupe.Migrate(ctx, pool, "app", s.Migrations()...)
+	applied, err := pg.Migrate(ctx, pool, "app", s.Migrations()...)
 	if err != nil || len(applied) != 1 {
 		t.Fatalf("Migrate = %v, %v; want one migration applied", applied, err)
 	}
@@ -104,7 +105,7 @@ func TestMigrateWithOtherLines(t *testing.T) {
 	if vs := claimKeys(t, s, pool, []dedupe.Key{{Scope: "s", ID: "a"}}); vs[0] != dedupe.VerdictNew {
 		t.Errorf("claim: %v, want new", vs)
 	}
-	if applied, err := dedupe.Migrate(ctx, pool, "app", s.Migrations()...); err != nil || len(applied) != 0 {
+	if applied, err := pg.Migrate(ctx, pool, "app", s.Migrations()...); err != nil || len(applied) != 0 {
 		t.Errorf("second Migrate applied %v, %v; want nothing", applied, err)
 	}
 }

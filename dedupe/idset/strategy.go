@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 )
 
 //go:embed migrations/*.sql
@@ -37,7 +38,7 @@ var (
 )
 
 // New returns a Strategy for cfg, after filling in defaults and validating
-// it. The error wraps dedupe.ErrInvalidConfig for a bad value. When
+// it. The error wraps pg.ErrInvalidConfig for a bad value. When
 // cfg.RedeliveryHorizon is set and the retention is shorter, New logs a
 // warning naming both.
 func New(cfg Config) (*Strategy, error) {
@@ -66,15 +67,15 @@ func (s *Strategy) Name() string { return "idset" }
 func (s *Strategy) Retention() time.Duration { return s.cfg.Retention }
 
 // Migrations returns the migration line that creates the markers table
-// (dedupe.Migrator), for dedupe.Migrate and dedupe.MigrationSQL (a
+// (dedupe.Migrator), for pg.Migrate and pg.MigrationSQL (a
 // consumer's Migrate applies it). The line always creates its table in the
 // configured Schema, whichever schema holds the migrations table.
-func (s *Strategy) Migrations() []dedupe.Line {
+func (s *Strategy) Migrations() []pg.Line {
 	sub, err := fs.Sub(migrationFiles, "migrations")
 	if err != nil {
 		panic(err) // the embedded directory always exists
 	}
-	return []dedupe.Line{{
+	return []pg.Line{{
 		Name: "idset:" + s.cfg.Schema + "." + s.cfg.Table,
 		FS:   sub,
 		Idents: map[string]string{
@@ -89,13 +90,13 @@ func (s *Strategy) Migrations() []dedupe.Line {
 // would exceed PostgreSQL's identifier limit (which would otherwise
 // truncate it silently, so that two long table names could collide).
 func indexName(table, suffix string) string {
-	if len(table)+len(suffix) <= dedupe.MaxIdentifierLen {
+	if len(table)+len(suffix) <= pg.MaxIdentifierLen {
 		return table + suffix
 	}
 	h := fnv.New32a()
 	h.Write([]byte(table))
 	tag := fmt.Sprintf("_%08x", h.Sum32())
-	keep := dedupe.MaxIdentifierLen - len(suffix) - len(tag)
+	keep := pg.MaxIdentifierLen - len(suffix) - len(tag)
 	for keep > 0 && !utf8.RuneStart(table[keep]) {
 		keep--
 	}

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // sweepSQL deletes up to $2 markers older than $1 microseconds. Rows locked
@@ -23,7 +23,7 @@ func sweepSQL(table string) string {
 // before the next begins. It stops after a batch that deleted fewer than
 // SweepBatch markers, or when ctx is done, and returns how many markers it
 // deleted in all.
-func (s *Strategy) Sweep(ctx context.Context, db dedupe.DB) (deleted int64, err error) {
+func (s *Strategy) Sweep(ctx context.Context, db pg.DB) (deleted int64, err error) {
 	retention := s.cfg.Retention.Microseconds()
 	batch := int64(s.cfg.SweepBatch)
 	for {
@@ -46,7 +46,7 @@ func (s *Strategy) Sweep(ctx context.Context, db dedupe.DB) (deleted int64, err 
 // until ctx is done, and then returns nil. It logs what it removed at Info
 // level; a failed sweep is logged at Warn level and tried again at the
 // next interval.
-func (s *Strategy) RunSweeper(ctx context.Context, db dedupe.DB) error {
+func (s *Strategy) RunSweeper(ctx context.Context, db pg.DB) error {
 	ticker := time.NewTicker(s.cfg.SweepInterval)
 	defer ticker.Stop()
 	table := s.cfg.Schema + "." + s.cfg.Table
@@ -74,11 +74,11 @@ func (s *Strategy) RunSweeper(ctx context.Context, db dedupe.DB) error {
 // Maintain does nothing: idset needs no upkeep before it claims. With
 // RunMaintenance it makes Strategy a dedupe.Maintainer, so that consumers
 // run the sweeper.
-func (s *Strategy) Maintain(context.Context, dedupe.DB) error { return nil }
+func (s *Strategy) Maintain(context.Context, pg.DB) error { return nil }
 
 // RunMaintenance runs RunSweeper until ctx is done, unless
 // Config.ManualSweep is set (dedupe.Maintainer).
-func (s *Strategy) RunMaintenance(ctx context.Context, db dedupe.DB) error {
+func (s *Strategy) RunMaintenance(ctx context.Context, db pg.DB) error {
 	if s.cfg.ManualSweep {
 		return nil
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // Config configures a Migration from one strategy to another.
@@ -54,7 +55,7 @@ func (c Config) withDefaults() Config {
 
 func (c Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return dedupe.ConfigErrorf("switchover", field, format, args...)
+		return pg.ConfigErrorf("switchover", field, format, args...)
 	}
 	switch {
 	case c.Old == nil:
@@ -115,7 +116,7 @@ func (c ShadowConfig) withDefaults() ShadowConfig {
 
 func (c ShadowConfig) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return dedupe.ConfigErrorf("switchover", field, format, args...)
+		return pg.ConfigErrorf("switchover", field, format, args...)
 	}
 	switch {
 	case c.Live == nil:

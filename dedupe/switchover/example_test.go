@@ -11,6 +11,7 @@ import (
 	"github.com/effectively-once/effectively/dedupe/bloom"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/dedupe/switchover"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -55,7 +56,7 @@ func Example() {
 	}
 
 	// Before the switch.
-	if _, err := dedupe.Migrate(ctx, pool, "", old.Migrations()...); err != nil {
+	if _, err := pg.Migrate(ctx, pool, "", old.Migrations()...); err != nil {
 		panic(err)
 	}
 	fmt.Println("idset:", claim(old, "o-1"))
@@ -68,7 +69,7 @@ func Example() {
 		panic(err)
 	}
 	s := m.Strategy()
-	if _, err := dedupe.Migrate(ctx, pool, "", s.(dedupe.Migrator).Migrations()...); err != nil {
+	if _, err := pg.Migrate(ctx, pool, "", s.(dedupe.Migrator).Migrations()...); err != nil {
 		panic(err)
 	}
 	if err := s.(dedupe.Maintainer).Maintain(ctx, pool); err != nil { // bloom's partitions

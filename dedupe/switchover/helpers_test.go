@@ -12,6 +12,7 @@ import (
 	"github.com/effectively-once/effectively/dedupe/bloom"
 	"github.com/effectively-once/effectively/dedupe/highwater"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -53,7 +54,7 @@ func prepare(t testing.TB, pool *pgxpool.Pool, s dedupe.Strategy) {
 	t.Helper()
 	ctx := context.Background()
 	if m, ok := s.(dedupe.Migrator); ok {
-		if _, err := dedupe.Migrate(ctx, pool, "", m.Migrations()...); err != nil {
+		if _, err := pg.Migrate(ctx, pool, "", m.Migrations()...); err != nil {
 			t.Fatal(err)
 		}
 	}

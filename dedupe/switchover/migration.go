@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // oldSavepoint is the savepoint under which the old strategy claims, and
@@ -32,8 +33,8 @@ type Migration struct {
 	strategy dedupe.Strategy
 }
 
-// New returns a Migration for cfg, or a *dedupe.ConfigError (matching
-// dedupe.ErrInvalidConfig) for a bad value. It logs when the old store is
+// New returns a Migration for cfg, or a *pg.ConfigError (matching
+// pg.ErrInvalidConfig) for a bad value. It logs when the old store is
 // consulted until, or that it is no longer consulted.
 func New(cfg Config) (*Migration, error) {
 	cfg = cfg.withDefaults()
@@ -295,7 +296,7 @@ func (m *migration) Committed(keys []dedupe.Key, verdicts []dedupe.Verdict) {
 // and, when the old strategy is a dedupe.Inspector too,
 // "switchover_old_table", "switchover_old_markers" (in scope, or in all
 // scopes) and "switchover_old_newest" (when its newest marker was written).
-func (m *migration) MarkerStats(ctx context.Context, db dedupe.DB, scope string) (dedupe.MarkerStats, error) {
+func (m *migration) MarkerStats(ctx context.Context, db pg.DB, scope string) (dedupe.MarkerStats, error) {
 	insp, ok := m.nw.(dedupe.Inspector)
 	if !ok {
 		return dedupe.MarkerStats{Strategy: m.name}, fmt.Errorf("switchover: the new strategy %s is not a dedupe.Inspector", m.nw.Name())
@@ -339,7 +340,7 @@ func (m *migration) MarkerStats(ctx context.Context, db dedupe.DB, scope string)
 // SweepExpired sweeps the new strategy's markers (dedupe.Inspector). The
 // old strategy's markers are swept by its own maintenance, which keeps
 // running, or by inspecting the old strategy directly.
-func (m *migration) SweepExpired(ctx context.Context, db dedupe.DB, dryRun bool) (dedupe.SweepReport, error) {
+func (m *migration) SweepExpired(ctx context.Context, db pg.DB, dryRun bool) (dedupe.SweepReport, error) {
 	insp, ok := m.nw.(dedupe.Inspector)
 	if !ok {
 		return dedupe.SweepReport{}, fmt.Errorf("switchover: the new strategy %s is not a dedupe.Inspector: %w", m.nw.Name(), dedupe.ErrNoSweep)

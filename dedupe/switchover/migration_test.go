@@ -12,6 +12,7 @@ import (
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/highwater"
 	"github.com/effectively-once/effectively/dedupe/switchover"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -218,8 +219,8 @@ func TestMigrationConfig(t *testing.T) {
 		{"Until before Since", switchover.Config{Old: idA, New: bl, Since: now, Until: now.Add(-time.Second)}, "Until"},
 	} {
 		_, err := switchover.New(tc.cfg)
-		var ce *dedupe.ConfigError
-		if !errors.As(err, &ce) || !errors.Is(err, dedupe.ErrInvalidConfig) || ce.Field != tc.field {
+		var ce *pg.ConfigError
+		if !errors.As(err, &ce) || !errors.Is(err, pg.ErrInvalidConfig) || ce.Field != tc.field {
 			t.Errorf("%s: New returned %v, want a ConfigError of field %s", tc.what, err, tc.field)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // shadowSavepoint is the savepoint under which the shadow strategy claims:
@@ -28,8 +29,8 @@ type Shadow struct {
 	strategy dedupe.Strategy
 }
 
-// NewShadow returns a Shadow for cfg, or a *dedupe.ConfigError (matching
-// dedupe.ErrInvalidConfig) for a bad value.
+// NewShadow returns a Shadow for cfg, or a *pg.ConfigError (matching
+// pg.ErrInvalidConfig) for a bad value.
 func NewShadow(cfg ShadowConfig) (*Shadow, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -315,7 +316,7 @@ func (s *shadow) Committed(keys []dedupe.Key, verdicts []dedupe.Verdict) {
 }
 
 // MarkerStats reports the live strategy's markers (dedupe.Inspector).
-func (s *shadow) MarkerStats(ctx context.Context, db dedupe.DB, scope string) (dedupe.MarkerStats, error) {
+func (s *shadow) MarkerStats(ctx context.Context, db pg.DB, scope string) (dedupe.MarkerStats, error) {
 	insp, ok := s.live.(dedupe.Inspector)
 	if !ok {
 		return dedupe.MarkerStats{Strategy: s.Name()}, fmt.Errorf("switchover: the live strategy %s is not a dedupe.Inspector", s.live.Name())
@@ -325,7 +326,7 @@ func (s *shadow) MarkerStats(ctx context.Context, db dedupe.DB, scope string) (d
 
 // SweepExpired sweeps the live strategy's markers (dedupe.Inspector); the
 // shadow strategy's are swept by its own maintenance.
-func (s *shadow) SweepExpired(ctx context.Context, db dedupe.DB, dryRun bool) (dedupe.SweepReport, error) {
+func (s *shadow) SweepExpired(ctx context.Context, db pg.DB, dryRun bool) (dedupe.SweepReport, error) {
 	insp, ok := s.live.(dedupe.Inspector)
 	if !ok {
 		return dedupe.SweepReport{}, fmt.Errorf("switchover: the live strategy %s is not a dedupe.Inspector: %w", s.live.Name(), dedupe.ErrNoSweep)

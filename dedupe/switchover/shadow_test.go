@@ -15,6 +15,7 @@ import (
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/bloom"
 	"github.com/effectively-once/effectively/dedupe/switchover"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -125,7 +126,7 @@ func TestShadowFailuresChangeNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dedupe.Migrate(context.Background(), pool, "", broken.Migrations()...); err != nil {
+	if _, err := pg.Migrate(context.Background(), pool, "", broken.Migrations()...); err != nil {
 		t.Fatal(err)
 	}
 	var logs syncBuffer

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // pair is the upkeep both wrappers share: the tables, maintenance and
@@ -23,8 +24,8 @@ type pair struct {
 func (p pair) parts() [2]dedupe.Strategy { return [2]dedupe.Strategy{p.first, p.second} }
 
 // Migrations returns the migration lines of both strategies (dedupe.Migrator).
-func (p pair) Migrations() []dedupe.Line {
-	var out []dedupe.Line
+func (p pair) Migrations() []pg.Line {
+	var out []pg.Line
 	for _, s := range p.parts() {
 		if m, ok := s.(dedupe.Migrator); ok {
 			out = append(out, m.Migrations()...)
@@ -34,7 +35,7 @@ func (p pair) Migrations() []dedupe.Line {
 }
 
 // Maintain runs the Maintain of each strategy that is a dedupe.Maintainer.
-func (p pair) Maintain(ctx context.Context, db dedupe.DB) error {
+func (p pair) Maintain(ctx context.Context, db pg.DB) error {
 	var errs []error
 	for i, s := range p.parts() {
 		if m, ok := s.(dedupe.Maintainer); ok {
@@ -51,7 +52,7 @@ func (p pair) Maintain(ctx context.Context, db dedupe.DB) error {
 // an error is logged at once, while the other keeps running: stopping the
 // other would leave it without upkeep too (a bloom strategy without new
 // partitions fails its claims).
-func (p pair) RunMaintenance(ctx context.Context, db dedupe.DB) error {
+func (p pair) RunMaintenance(ctx context.Context, db pg.DB) error {
 	return p.both(ctx, func(ctx context.Context, s dedupe.Strategy) (bool, error) {
 		m, ok := s.(dedupe.Maintainer)
 		if !ok {
@@ -62,7 +63,7 @@ func (p pair) RunMaintenance(ctx context.Context, db dedupe.DB) error {
 }
 
 // Warm runs the Warm of each strategy that is a dedupe.Warmer, side by side.
-func (p pair) Warm(ctx context.Context, db dedupe.DB) error {
+func (p pair) Warm(ctx context.Context, db pg.DB) error {
 	return p.both(ctx, func(ctx context.Context, s dedupe.Strategy) (bool, error) {
 		w, ok := s.(dedupe.Warmer)
 		if !ok {

@@ -38,10 +38,10 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/parked"
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/internal/kafkatest"
 	"github.com/effectively-once/effectively/outbox"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/jackc/pgx/v5"
@@ -159,7 +159,7 @@ func run(ctx context.Context, n int, verbose bool) error {
 	if err != nil {
 		return err
 	}
-	if _, err := dedupe.Migrate(ctx, pool, "", ob.Line()); err != nil {
+	if _, err := pg.Migrate(ctx, pool, "", ob.Line()); err != nil {
 		return err
 	}
 

@@ -13,9 +13,9 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/internal/kafkatest"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -30,7 +30,7 @@ import (
 // KafkaSource is a Kafka source as the runs use it.
 type KafkaSource interface {
 	consumer.Source
-	Migrations() []dedupe.Line
+	Migrations() []pg.Line
 	Close() error
 }
 
@@ -129,7 +129,7 @@ func (k *kafkaRun) start() (KafkaSource, *consumertest.Running) {
 	k.t.Cleanup(func() { _ = src.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := dedupe.Migrate(ctx, k.p.pool, "", src.Migrations()...); err != nil {
+	if _, err := pg.Migrate(ctx, k.p.pool, "", src.Migrations()...); err != nil {
 		k.t.Fatal(err)
 	}
 	strategy, err := idset.New(idset.Config{})

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/metrics/effprom"
 	"github.com/effectively-once/effectively/outbox"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
 	prom "github.com/prometheus/client_golang/prometheus"
@@ -25,7 +25,7 @@ func TestLogRelayMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dedupe.Migrate(ctx, pool, "", o.Line()); err != nil {
+	if _, err := pg.Migrate(ctx, pool, "", o.Line()); err != nil {
 		t.Fatal(err)
 	}
 	m, err := effprom.NewRelay(effprom.RelayOptions{})

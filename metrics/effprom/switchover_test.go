@@ -10,6 +10,7 @@ import (
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/dedupe/switchover"
 	"github.com/effectively-once/effectively/metrics/effprom"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 	prom "github.com/prometheus/client_golang/prometheus"
 )
@@ -25,7 +26,7 @@ func TestSwitchoverMetrics(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := dedupe.Migrate(ctx, pool, "", s.Migrations()...); err != nil {
+		if _, err := pg.Migrate(ctx, pool, "", s.Migrations()...); err != nil {
 			t.Fatal(err)
 		}
 		return s

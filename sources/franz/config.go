@@ -5,8 +5,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -18,7 +18,7 @@ const DefaultIDHeader = kafka.DefaultIDHeader
 // Defaults of the other Config fields.
 const (
 	DefaultPartitionBuffer = 1000
-	DefaultSchema          = dedupe.DefaultSchema
+	DefaultSchema          = pg.DefaultSchema
 	// DefaultOffsetsTable is sources/kafka's table: both sources keep
 	// their positions in it, with the same rows and the same fencing.
 	DefaultOffsetsTable = kafka.DefaultOffsetsTable
@@ -104,9 +104,9 @@ type Config struct {
 }
 
 // ErrInvalidConfig is matched by every error New returns for a bad Config.
-// It is dedupe.ErrInvalidConfig, so consumer.ErrInvalidConfig matches them
+// It is pg.ErrInvalidConfig, so consumer.ErrInvalidConfig matches them
 // too.
-var ErrInvalidConfig = dedupe.ErrInvalidConfig
+var ErrInvalidConfig = pg.ErrInvalidConfig
 
 func (c Config) withDefaults() Config {
 	if c.PartitionBuffer == 0 {
@@ -128,7 +128,7 @@ func (c Config) withDefaults() Config {
 }
 
 func bad(field, format string, args ...any) error {
-	return dedupe.ConfigErrorf("franz", field, format, args...)
+	return pg.ConfigErrorf("franz", field, format, args...)
 }
 
 func (c Config) validate() error {
@@ -166,10 +166,10 @@ func (c Config) validate() error {
 	case c.RevokeTimeout < 0:
 		return bad("RevokeTimeout", "must not be negative, got %s", c.RevokeTimeout)
 	}
-	if err := dedupe.ValidateIdentifier(c.Schema, 0); err != nil {
+	if err := pg.ValidateIdentifier(c.Schema, 0); err != nil {
 		return bad("Schema", "%v", err)
 	}
-	if err := dedupe.ValidateIdentifier(c.OffsetsTable, 0); err != nil {
+	if err := pg.ValidateIdentifier(c.OffsetsTable, 0); err != nil {
 		return bad("OffsetsTable", "%v", err)
 	}
 	return nil

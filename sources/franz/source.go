@@ -13,6 +13,7 @@ import (
 	"github.com/effectively-once/effectively/consumer/lanes"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -78,7 +79,7 @@ var (
 // New validates cfg and returns a Source. db holds the offsets table; it
 // may be nil only with cfg.KafkaOffsetsOnly. The source joins the group on
 // the first Fetch.
-func New(db dedupe.DB, cfg Config) (*Source, error) {
+func New(db pg.DB, cfg Config) (*Source, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -137,11 +138,11 @@ func New(db dedupe.DB, cfg Config) (*Source, error) {
 // Migrations returns the migration line of the offsets table (none with
 // KafkaOffsetsOnly): sources/kafka's, so a consumer's Migrate creates the
 // table both sources share.
-func (s *Source) Migrations() []dedupe.Line {
+func (s *Source) Migrations() []pg.Line {
 	if s.store == nil {
 		return nil
 	}
-	return []dedupe.Line{s.store.Line()}
+	return []pg.Line{s.store.Line()}
 }
 
 // Client returns the franz-go client the source consumes with, nil before

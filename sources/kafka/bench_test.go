@@ -9,9 +9,9 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/internal/kafkatest"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 	kafkago "github.com/segmentio/kafka-go"
 )
@@ -57,7 +57,7 @@ func BenchmarkPipeline(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer src.Close()
-		if _, err := dedupe.Migrate(context.Background(), pool, "", src.Migrations()...); err != nil {
+		if _, err := pg.Migrate(context.Background(), pool, "", src.Migrations()...); err != nil {
 			b.Fatal(err)
 		}
 		runPipeline(b, pool, src, batch)
@@ -117,7 +117,7 @@ func (a *applied) BatchDone(_ context.Context, s *consumer.BatchStats) {
 }
 
 // runPipeline runs an engine over src until b.N messages were applied.
-func runPipeline(b *testing.B, pool dedupe.DB, src consumer.Source, batch int) {
+func runPipeline(b *testing.B, pool pg.DB, src consumer.Source, batch int) {
 	b.Helper()
 	strategy, err := idset.New(idset.Config{})
 	if err != nil {
@@ -140,7 +140,7 @@ func runPipeline(b *testing.B, pool dedupe.DB, src consumer.Source, batch int) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 }
 
-func pgExec(db dedupe.DB, sql string) (int64, error) {
+func pgExec(db pg.DB, sql string) (int64, error) {
 	ctx := context.Background()
 	tx, err := db.Begin(ctx)
 	if err != nil {

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
+	"github.com/effectively-once/effectively/pg"
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 )
@@ -31,7 +31,7 @@ const (
 	DefaultRebalanceTimeout = 30 * time.Second
 	DefaultJoinGroupBackoff = 5 * time.Second
 	DefaultMetadataInterval = 10 * time.Second
-	DefaultSchema           = dedupe.DefaultSchema
+	DefaultSchema           = pg.DefaultSchema
 	DefaultOffsetsTable     = "kafka_offsets"
 )
 
@@ -182,13 +182,13 @@ type Config struct {
 }
 
 // ErrInvalidConfig is matched by every error New returns for a bad Config.
-// It is dedupe.ErrInvalidConfig, so consumer.ErrInvalidConfig matches them
+// It is pg.ErrInvalidConfig, so consumer.ErrInvalidConfig matches them
 // too.
-var ErrInvalidConfig = dedupe.ErrInvalidConfig
+var ErrInvalidConfig = pg.ErrInvalidConfig
 
 // ConfigError reports a bad Config value, with Package "kafka". It is the
-// library's one configuration error, dedupe.ConfigError.
-type ConfigError = dedupe.ConfigError
+// library's one configuration error, pg.ConfigError.
+type ConfigError = pg.ConfigError
 
 func (c Config) withDefaults() Config {
 	if c.ClientID == "" {
@@ -251,7 +251,7 @@ func (c Config) withDefaults() Config {
 
 func (c Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return dedupe.ConfigErrorf("kafka", field, format, args...)
+		return pg.ConfigErrorf("kafka", field, format, args...)
 	}
 	if len(c.Brokers) == 0 {
 		return bad("Brokers", "at least one broker address is required")
@@ -320,10 +320,10 @@ func (c Config) validate() error {
 			return err
 		}
 	}
-	if err := dedupe.ValidateIdentifier(c.Schema, 0); err != nil {
+	if err := pg.ValidateIdentifier(c.Schema, 0); err != nil {
 		return bad("Schema", "%v", err)
 	}
-	if err := dedupe.ValidateIdentifier(c.OffsetsTable, 0); err != nil {
+	if err := pg.ValidateIdentifier(c.OffsetsTable, 0); err != nil {
 		return bad("OffsetsTable", "%v", err)
 	}
 	for _, d := range []struct {

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/kafkatest"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -40,7 +40,7 @@ func TestWorkerProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dedupe.Migrate(ctx, pool, "", s.Migrations()...); err != nil {
+	if _, err := pg.Migrate(ctx, pool, "", s.Migrations()...); err != nil {
 		t.Fatal(err)
 	}
 	w := startWorkers(ctx, s, pool, 2, 50, nil)

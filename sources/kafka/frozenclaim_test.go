@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -77,7 +77,7 @@ func TestClaimFrozenBeforeCommitReleasesItsRows(t *testing.T) {
 	t.Cleanup(pool.Close)
 
 	schema, table := offsetsName("", "")
-	if _, err := dedupe.Migrate(ctx, pool, "", OffsetsLine(schema, table)); err != nil {
+	if _, err := pg.Migrate(ctx, pool, "", OffsetsLine(schema, table)); err != nil {
 		t.Fatal(err)
 	}
 	tps := []topicPartition{{"orders", 0}, {"orders", 1}}

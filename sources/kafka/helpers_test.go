@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/kafkatest"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -87,7 +87,7 @@ func (e *env) source(mutate ...func(*Config)) *Source {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	if _, err := dedupe.Migrate(context.Background(), e.pool, cfg.Schema, s.Migrations()...); err != nil {
+	if _, err := pg.Migrate(context.Background(), e.pool, cfg.Schema, s.Migrations()...); err != nil {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(func() { _ = s.Close() })

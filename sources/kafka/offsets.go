@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -21,7 +21,7 @@ var migrationFiles embed.FS
 
 // offsetStore keeps (group, topic, partition) → next offset, generation.
 type offsetStore struct {
-	db     dedupe.DB
+	db     pg.DB
 	group  string
 	schema string
 	table  string // raw name
@@ -48,7 +48,7 @@ const claimLockTimeout = time.Second
 // claim too.
 const claimIdleTimeout = 5 * time.Second
 
-func newOffsetStore(db dedupe.DB, group, schema, table string) *offsetStore {
+func newOffsetStore(db pg.DB, group, schema, table string) *offsetStore {
 	t := pgx.Identifier{schema, table}.Sanitize()
 	st := &offsetStore{
 		db: db, group: group, schema: schema, table: table, claimIdle: claimIdleTimeout,
@@ -108,7 +108,7 @@ WHERE o.group_id = $1`,
 	return st
 }
 
-func (s *offsetStore) line() dedupe.Line { return OffsetsLine(s.schema, s.table) }
+func (s *offsetStore) line() pg.Line { return OffsetsLine(s.schema, s.table) }
 
 type topicPartition struct {
 	topic     string
@@ -304,18 +304,18 @@ func (s *offsetStore) wrap(what string, err error) error {
 }
 
 // OffsetsLine returns the migration line of the offsets table
-// schema.table, for dedupe.Migrate or dedupe.MigrationSQL, without a
+// schema.table, for pg.Migrate or pg.MigrationSQL, without a
 // Source. schema defaults to "effectively" and table to "kafka_offsets",
 // as in Config.
-func OffsetsLine(schema, table string) dedupe.Line {
+func OffsetsLine(schema, table string) pg.Line {
 	schema, table = offsetsName(schema, table)
 	sub, _ := fs.Sub(migrationFiles, "migrations")
-	return dedupe.Line{Name: "kafka:" + table, FS: sub, Idents: map[string]string{"schema": schema, "table": table}}
+	return pg.Line{Name: "kafka:" + table, FS: sub, Idents: map[string]string{"schema": schema, "table": table}}
 }
 
 func offsetsName(schema, table string) (string, string) {
 	if schema == "" {
-		schema = dedupe.DefaultSchema
+		schema = pg.DefaultSchema
 	}
 	if table == "" {
 		table = "kafka_offsets"
@@ -342,7 +342,7 @@ func NewOffsets(schema, table string) *Offsets {
 func (o *Offsets) Table() string { return o.ident }
 
 // Line returns the table's migration line.
-func (o *Offsets) Line() dedupe.Line { return OffsetsLine(o.schema, o.table) }
+func (o *Offsets) Line() pg.Line { return OffsetsLine(o.schema, o.table) }
 
 // StoredOffset is one row of the offsets table.
 type StoredOffset struct {

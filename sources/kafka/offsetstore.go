@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -21,13 +21,13 @@ type OffsetStore struct{ st *offsetStore }
 
 // NewOffsetStore returns the offsets table schema.table for group; schema
 // defaults to "effectively" and table to "kafka_offsets", as in Config.
-func NewOffsetStore(db dedupe.DB, group, schema, table string) *OffsetStore {
+func NewOffsetStore(db pg.DB, group, schema, table string) *OffsetStore {
 	schema, table = offsetsName(schema, table)
 	return &OffsetStore{st: newOffsetStore(db, group, schema, table)}
 }
 
 // Line returns the table's migration line.
-func (s *OffsetStore) Line() dedupe.Line { return s.st.line() }
+func (s *OffsetStore) Line() pg.Line { return s.st.line() }
 
 // ErrClaimBusy is returned by OffsetStore.Claim when it waited too long for
 // a row lock (another claim inserting the same rows): every partition of

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	kafkago "github.com/segmentio/kafka-go"
 )
 
@@ -62,9 +62,9 @@ func (r *Routing) route(topic string, partition int) int {
 func (r *Routing) validate() error {
 	switch {
 	case r.Databases < 1:
-		return dedupe.ConfigErrorf("kafka", "Routing.Databases", "must be at least 1, got %d", r.Databases)
+		return pg.ConfigErrorf("kafka", "Routing.Databases", "must be at least 1, got %d", r.Databases)
 	case r.Database < 0 || r.Database >= r.Databases:
-		return dedupe.ConfigErrorf("kafka", "Routing.Database", "must be from 0 to %d (Databases-1), got %d", r.Databases-1, r.Database)
+		return pg.ConfigErrorf("kafka", "Routing.Database", "must be from 0 to %d (Databases-1), got %d", r.Databases-1, r.Database)
 	}
 	return nil
 }

@@ -13,8 +13,8 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
@@ -325,7 +325,7 @@ func TestRoutingConfig(t *testing.T) {
 	} {
 		_, err := New(nil, Config{Brokers: []string{"b:9092"}, Group: "g", Topics: []string{"t"}, KafkaOffsetsOnly: true, Routing: &tc.r})
 		var ce *ConfigError
-		if !errors.As(err, &ce) || ce.Field != tc.field || !errors.Is(err, dedupe.ErrInvalidConfig) {
+		if !errors.As(err, &ce) || ce.Field != tc.field || !errors.Is(err, pg.ErrInvalidConfig) {
 			t.Errorf("Routing %+v: got %v, want a ConfigError of %s", tc.r, err, tc.field)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/effectively-once/effectively/consumer/lanes"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 	kafkago "github.com/segmentio/kafka-go"
 )
@@ -69,7 +70,7 @@ var (
 // New validates cfg and returns a Source. db holds the offsets table; it may
 // be nil only with cfg.KafkaOffsetsOnly. The source joins the group on the
 // first Fetch.
-func New(db dedupe.DB, cfg Config) (*Source, error) {
+func New(db pg.DB, cfg Config) (*Source, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -99,13 +100,13 @@ func New(db dedupe.DB, cfg Config) (*Source, error) {
 }
 
 // Migrations returns the migration line of the offsets table (none with
-// KafkaOffsetsOnly), for dedupe.Migrate or dedupe.MigrationSQL; a
+// KafkaOffsetsOnly), for pg.Migrate or pg.MigrationSQL; a
 // consumer's Migrate applies it with the consumer's other tables.
-func (s *Source) Migrations() []dedupe.Line {
+func (s *Source) Migrations() []pg.Line {
 	if s.store == nil {
 		return nil
 	}
-	return []dedupe.Line{s.store.line()}
+	return []pg.Line{s.store.line()}
 }
 
 // Assignment returns the lanes ("topic/partition") this source currently

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	kafkago "github.com/segmentio/kafka-go"
 )
 
@@ -63,7 +63,7 @@ func TestMigrationSQLQuotesIdentifiers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sql, err := dedupe.MigrationSQL(`od"d`, s.Migrations()...)
+	sql, err := pg.MigrationSQL(`od"d`, s.Migrations()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestMigrationSQLQuotesIdentifiers(t *testing.T) {
 	}
 }
 
-type noDB struct{ dedupe.DB }
+type noDB struct{ pg.DB }
 
 func TestMessageFields(t *testing.T) {
 	e := newEnv(t, 2)

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // DefaultIDAttribute is the message attribute that carries a standard
@@ -125,13 +125,13 @@ type Config struct {
 }
 
 // ErrInvalidConfig is matched by every error New returns for a bad Config.
-// It is dedupe.ErrInvalidConfig, so consumer.ErrInvalidConfig matches them
+// It is pg.ErrInvalidConfig, so consumer.ErrInvalidConfig matches them
 // too.
-var ErrInvalidConfig = dedupe.ErrInvalidConfig
+var ErrInvalidConfig = pg.ErrInvalidConfig
 
 // ConfigError reports a bad Config value, with Package "sqs". It is the
-// library's one configuration error, dedupe.ConfigError.
-type ConfigError = dedupe.ConfigError
+// library's one configuration error, pg.ConfigError.
+type ConfigError = pg.ConfigError
 
 func (c Config) withDefaults() Config {
 	if c.Receivers == 0 {
@@ -170,7 +170,7 @@ const minHeartbeatMargin = 500 * time.Millisecond
 
 func (c Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return dedupe.ConfigErrorf("sqs", field, format, args...)
+		return pg.ConfigErrorf("sqs", field, format, args...)
 	}
 	whole := func(d time.Duration) bool { return d%time.Second == 0 }
 	switch {

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -24,18 +24,18 @@ var migrationFiles embed.FS
 const sweepEvery = time.Hour
 
 // AttemptsLine returns the migration line of the attempts table in schema
-// (dedupe.DefaultSchema when empty), named table ("webhook_attempts" when
-// empty), for dedupe.Migrate or dedupe.MigrationSQL. A consumer's Migrate
+// (pg.DefaultSchema when empty), named table ("webhook_attempts" when
+// empty), for pg.Migrate or pg.MigrationSQL. A consumer's Migrate
 // applies it with the consumer's other tables when Config.DB is set.
-func AttemptsLine(schema, table string) dedupe.Line {
+func AttemptsLine(schema, table string) pg.Line {
 	if schema == "" {
-		schema = dedupe.DefaultSchema
+		schema = pg.DefaultSchema
 	}
 	if table == "" {
 		table = DefaultAttemptsTable
 	}
 	sub, _ := fs.Sub(migrationFiles, "migrations")
-	return dedupe.Line{Name: "webhook:" + table, FS: sub, Idents: map[string]string{
+	return pg.Line{Name: "webhook:" + table, FS: sub, Idents: map[string]string{
 		"schema": schema, "table": table, "index": table + "_updated_at",
 	}}
 }
@@ -45,10 +45,10 @@ func AttemptsLine(schema, table string) dedupe.Line {
 // the processes behind a load balancer. It is read once per batch, when
 // the batch is fetched, and written once the batch settled.
 type attemptStore struct {
-	db        dedupe.DB
+	db        pg.DB
 	name      string
 	horizon   time.Duration
-	line      dedupe.Line
+	line      pg.Line
 	readSQL   string
 	writeSQL  string
 	lastSweep atomic.Int64 // unix nanoseconds

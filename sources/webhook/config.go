@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // Defaults of the Config fields.
@@ -106,13 +106,13 @@ type Config struct {
 	// across restarts and across the processes behind a load balancer.
 	// Give it the consumer's database. Defaults to nil: counts are kept in
 	// this process's memory only.
-	DB dedupe.DB
+	DB pg.DB
 	// Name tells this source's rows in the attempts table from those of
 	// other sources sharing it: give each endpoint's Source its own (the
 	// consumer's name, say). Defaults to "webhook" (DefaultName).
 	Name string
 	// Schema holds the attempts table. Defaults to "effectively"
-	// (dedupe.DefaultSchema).
+	// (pg.DefaultSchema).
 	Schema string
 	// AttemptsTable is the attempts table's name. Defaults to
 	// "webhook_attempts" (DefaultAttemptsTable).
@@ -132,8 +132,8 @@ type Config struct {
 }
 
 // ConfigError reports a bad Config value, with Package "webhook". It is the
-// library's one configuration error, dedupe.ConfigError.
-type ConfigError = dedupe.ConfigError
+// library's one configuration error, pg.ConfigError.
+type ConfigError = pg.ConfigError
 
 func (c Config) withDefaults() Config {
 	if c.Lanes == 0 {
@@ -155,7 +155,7 @@ func (c Config) withDefaults() Config {
 		c.Name = DefaultName
 	}
 	if c.Schema == "" {
-		c.Schema = dedupe.DefaultSchema
+		c.Schema = pg.DefaultSchema
 	}
 	if c.AttemptsTable == "" {
 		c.AttemptsTable = DefaultAttemptsTable
@@ -168,7 +168,7 @@ func (c Config) withDefaults() Config {
 
 func (c Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return dedupe.ConfigErrorf("webhook", field, format, args...)
+		return pg.ConfigErrorf("webhook", field, format, args...)
 	}
 	switch {
 	case c.Verifier == nil:
@@ -186,10 +186,10 @@ func (c Config) validate() error {
 	case c.RedeliveryHorizon < 0:
 		return bad("RedeliveryHorizon", "must not be negative, got %s", c.RedeliveryHorizon)
 	}
-	if err := dedupe.ValidateIdentifier(c.Schema, 0); err != nil {
+	if err := pg.ValidateIdentifier(c.Schema, 0); err != nil {
 		return bad("Schema", "%v", err)
 	}
-	if err := dedupe.ValidateIdentifier(c.AttemptsTable, len("_updated_at")); err != nil {
+	if err := pg.ValidateIdentifier(c.AttemptsTable, len("_updated_at")); err != nil {
 		return bad("AttemptsTable", "%v", err)
 	}
 	if err := checkHeaders(c.Headers); err != nil {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/sources/webhook"
 )
 
@@ -31,7 +31,7 @@ func TestConfig(t *testing.T) {
 		c.edit(&cfg)
 		_, err := webhook.New(cfg)
 		var ce *webhook.ConfigError
-		if !errors.Is(err, dedupe.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != c.field {
+		if !errors.Is(err, pg.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != c.field {
 			t.Errorf("bad %s: %v, want a ConfigError for it", c.field, err)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/lanes"
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 )
 
 // ErrClosed is returned by Fetch after Close. It also matches
@@ -142,11 +143,11 @@ func (s *Source) writeAttempts(ctx context.Context, ack []*consumer.Message, ret
 // Migrations returns the migration line of the attempts table when
 // Config.DB is set (dedupe.Migrator), so that the consumer's Migrate
 // creates it; none otherwise.
-func (s *Source) Migrations() []dedupe.Line {
+func (s *Source) Migrations() []pg.Line {
 	if s.store == nil {
 		return nil
 	}
-	return []dedupe.Line{s.store.line}
+	return []pg.Line{s.store.line}
 }
 
 // RedeliveryHorizon returns Config.RedeliveryHorizon

@@ -12,7 +12,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/sourcetest"
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/effectively-once/effectively/sources/webhook"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -135,7 +135,7 @@ func TestSourceConformance(t *testing.T) {
 			}
 			t.Cleanup(pool.Close)
 			// What the consumer's Migrate does before it runs.
-			if _, err := dedupe.Migrate(context.Background(), pool, "", webhook.AttemptsLine("", "")); err != nil {
+			if _, err := pg.Migrate(context.Background(), pool, "", webhook.AttemptsLine("", "")); err != nil {
 				t.Fatal(err)
 			}
 			p := newProvider(t)

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/sources/webhook"
 )
 
@@ -130,7 +130,7 @@ func TestStandardVectors(t *testing.T) {
 		t.Fatalf("Svix's header names: %v", err)
 	}
 	for _, bad := range [][]string{nil, {""}, {"whsec_not base64!"}} {
-		if _, err := webhook.NewStandardVerifier(webhook.StandardConfig{Secrets: bad}); !errors.Is(err, dedupe.ErrInvalidConfig) {
+		if _, err := webhook.NewStandardVerifier(webhook.StandardConfig{Secrets: bad}); !errors.Is(err, pg.ErrInvalidConfig) {
 			t.Errorf("secrets %q: %v, want a config error", bad, err)
 		}
 	}

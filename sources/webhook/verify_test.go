@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/sources/webhook"
 )
 
@@ -142,10 +142,10 @@ func TestGitHubVectors(t *testing.T) {
 }
 
 func TestVerifierConfig(t *testing.T) {
-	if _, err := webhook.NewStripeVerifier(webhook.StripeConfig{}); !errors.Is(err, dedupe.ErrInvalidConfig) {
+	if _, err := webhook.NewStripeVerifier(webhook.StripeConfig{}); !errors.Is(err, pg.ErrInvalidConfig) {
 		t.Errorf("no secrets: %v, want a config error", err)
 	}
-	if _, err := webhook.NewGitHubVerifier(webhook.GitHubConfig{Secrets: []string{"a", ""}}); !errors.Is(err, dedupe.ErrInvalidConfig) {
+	if _, err := webhook.NewGitHubVerifier(webhook.GitHubConfig{Secrets: []string{"a", ""}}); !errors.Is(err, pg.ErrInvalidConfig) {
 		t.Errorf("an empty secret: %v, want a config error", err)
 	}
 }

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/outbox"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/effectively-once/effectively/tracing/effotel"
 	"github.com/jackc/pgx/v5"
@@ -63,7 +63,7 @@ func TestSpanPerRelayPass(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dedupe.Migrate(ctx, pool, "", o.Line()); err != nil {
+	if _, err := pg.Migrate(ctx, pool, "", o.Line()); err != nil {
 		t.Fatal(err)
 	}
 	const ok = 30

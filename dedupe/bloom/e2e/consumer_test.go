@@ -16,8 +16,8 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/bloom"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -93,7 +93,7 @@ func TestConsumerInvariant(t *testing.T) {
 					t.Fatal(err)
 				}
 				strategies = append(strategies, s)
-				if _, err := dedupe.Migrate(ctx, pool, "", s.Migrations()...); err != nil {
+				if _, err := pg.Migrate(ctx, pool, "", s.Migrations()...); err != nil {
 					t.Fatal(err)
 				}
 				if err := s.Maintain(ctx, pool); err != nil {

@@ -49,7 +49,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, source consumer.Source) error 
 	if err != nil {
 		return err
 	}
-	if err := c.Migrate(ctx); err != nil { // or hand a DBA the SQL: dedupe.MigrationSQL
+	if err := c.Migrate(ctx); err != nil { // or hand a DBA the SQL: pg.MigrationSQL
 		return err
 	}
 	return c.Run(ctx) // returns after in-flight batches committed and were acknowledged

@@ -1,4 +1,4 @@
-package dedupe_test
+package pg_test
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 	"testing"
 	"testing/fstest"
 
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -17,17 +17,17 @@ func TestMigrationSQLRefusesUnprintableNames(t *testing.T) {
 	t.Parallel()
 	const drop = "DROP TABLE victim; --"
 	for _, bad := range []string{"x\n" + drop, "x\r" + drop, "x\r\n" + drop, "x\x00y", "x\ty", "x\u2028" + drop, "x\xff"} {
-		if script, err := dedupe.MigrationSQL(bad, line("001_a.sql")); err == nil {
+		if script, err := pg.MigrationSQL(bad, line("001_a.sql")); err == nil {
 			t.Errorf("schema %q: no error, script:\n%s", bad, script)
 		}
 		l := line("001_a.sql")
 		l.Idents["t_a"] = bad
-		if script, err := dedupe.MigrationSQL("app", l); err == nil || !strings.Contains(err.Error(), "t_a") {
+		if script, err := pg.MigrationSQL("app", l); err == nil || !strings.Contains(err.Error(), "t_a") {
 			t.Errorf("table %q: %v, want an error naming the placeholder; script:\n%s", bad, err, script)
 		}
 		l = line("001_a.sql")
 		l.Name = "test:" + bad
-		if script, err := dedupe.MigrationSQL("app", l); err == nil {
+		if script, err := pg.MigrationSQL("app", l); err == nil {
 			t.Errorf("line name %q: no error, script:\n%s", bad, script)
 		}
 	}
@@ -54,9 +54,9 @@ func TestMigrationSQLNamesCannotRunStatements(t *testing.T) {
 	for i, sc := range []string{"on", "off"} {
 		for j, name := range names {
 			schema := "app" + string(rune('a'+i*len(names)+j))
-			l := dedupe.Line{Name: name, FS: fstest.MapFS{"001_a.sql": {Data: []byte(`CREATE TABLE {{schema}}.{{t}} (id int)`)}},
+			l := pg.Line{Name: name, FS: fstest.MapFS{"001_a.sql": {Data: []byte(`CREATE TABLE {{schema}}.{{t}} (id int)`)}},
 				Idents: map[string]string{"t": `t"; DROP TABLE victim; --`}}
-			script, err := dedupe.MigrationSQL(schema, l)
+			script, err := pg.MigrationSQL(schema, l)
 			if err != nil {
 				t.Fatalf("%q: %v", name, err)
 			}
@@ -68,7 +68,7 @@ func TestMigrationSQLNamesCannotRunStatements(t *testing.T) {
 			if err := pool.QueryRow(ctx, `SELECT line FROM `+schema+`.schema_migrations`).Scan(&recorded); err != nil || recorded != name {
 				t.Fatalf("standard_conforming_strings %s: recorded line %q (%v), want %q\n%s", sc, recorded, err, name, script)
 			}
-			if pending, err := dedupe.PendingMigrations(ctx, pool, schema, l); err != nil || len(pending) != 0 {
+			if pending, err := pg.PendingMigrations(ctx, pool, schema, l); err != nil || len(pending) != 0 {
 				t.Fatalf("pending after the script: %v, %v; want none", pending, err)
 			}
 			if _, err := pool.Exec(ctx, `SELECT FROM victim`); err != nil {

@@ -1,4 +1,4 @@
-package dedupe_test
+package pg_test
 
 import (
 	"fmt"
@@ -6,22 +6,22 @@ import (
 	"strings"
 
 	"github.com/effectively-once/effectively/consumer/parked"
-	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/sources/kafka"
 )
 
 // Every owner of tables hands out its migration lines; one function prints
 // them all for a DBA (what "effectively migrate --print --kafka" prints),
-// and dedupe.Migrate applies the same lines (what a consumer's Migrate and
+// and pg.Migrate applies the same lines (what a consumer's Migrate and
 // "effectively migrate" do). A consumer's own lines are its Migrations.
 func ExampleMigrationSQL() {
 	strategy, err := idset.New(idset.Config{})
 	if err != nil {
 		panic(err)
 	}
-	lines := append([]dedupe.Line{parked.Line("", ""), kafka.OffsetsLine("", "")}, strategy.Migrations()...)
-	script, err := dedupe.MigrationSQL("", lines...)
+	lines := append([]pg.Line{parked.Line("", ""), kafka.OffsetsLine("", "")}, strategy.Migrations()...)
+	script, err := pg.MigrationSQL("", lines...)
 	if err != nil {
 		panic(err)
 	}

@@ -1,4 +1,4 @@
-package dedupe
+package pg
 
 import (
 	"context"
@@ -88,8 +88,8 @@ func CheckPooling(ctx context.Context, db DB) (Pooling, error) {
 		return p, fmt.Errorf("dedupe: checking for a pooler: %w", err)
 	}
 	p.Pooler = told != server
-	pool, ok := db.(*pgxpool.Pool)
-	if !p.Pooler || !ok || pool.Config().MaxConns < 2 {
+	pool := Pool(db)
+	if !p.Pooler || pool == nil || pool.Config().MaxConns < 2 {
 		return p, nil
 	}
 	for range probeRounds {

@@ -1,4 +1,4 @@
-package dedupe_test
+package pg_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"testing"
 	"testing/fstest"
 
-	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -38,8 +38,8 @@ func bouncerPools(t *testing.T, n int, mode pgx.QueryExecMode) []*pgxpool.Pool {
 
 // countingLine's migrations fail when applied twice (CREATE TABLE without
 // IF NOT EXISTS) and count their runs in a table of their own.
-func countingLine() dedupe.Line {
-	return dedupe.Line{Name: "test:counted", FS: fstest.MapFS{
+func countingLine() pg.Line {
+	return pg.Line{Name: "test:counted", FS: fstest.MapFS{
 		"001_runs.sql":  {Data: []byte(`CREATE TABLE {{schema}}.runs (migration int NOT NULL); INSERT INTO {{schema}}.runs VALUES (1)`)},
 		"002_more.sql":  {Data: []byte(`CREATE TABLE {{schema}}.more (id int); INSERT INTO {{schema}}.runs VALUES (2)`)},
 		"003_index.sql": {Data: []byte(`CREATE INDEX more_id ON {{schema}}.more (id); INSERT INTO {{schema}}.runs VALUES (3)`)},
@@ -65,12 +65,12 @@ func TestMigrateConcurrentlyThroughPgBouncer(t *testing.T) {
 			// As the CLI does: list what is pending, then apply. The lookup
 			// leaves the schema's absence in the server connection's catalog
 			// cache, which Migrate must not trust once it holds the lock.
-			if _, err := dedupe.PendingMigrations(ctx, pool, "app", countingLine()); err != nil {
+			if _, err := pg.PendingMigrations(ctx, pool, "app", countingLine()); err != nil {
 				errs[i] = err
 				return
 			}
 			<-start
-			ms, err := dedupe.Migrate(ctx, pool, "app", countingLine())
+			ms, err := pg.Migrate(ctx, pool, "app", countingLine())
 			applied[i], errs[i] = len(ms), err
 		})
 	}
@@ -97,7 +97,7 @@ func TestMigrateConcurrentlyThroughPgBouncer(t *testing.T) {
 		t.Errorf("runs %d, recorded versions %d; want 3 and 3", runs, recorded)
 	}
 	// And again, now that everything is applied.
-	if ms, err := dedupe.Migrate(ctx, pools[1], "app", countingLine()); err != nil || len(ms) != 0 {
+	if ms, err := pg.Migrate(ctx, pools[1], "app", countingLine()); err != nil || len(ms) != 0 {
 		t.Errorf("second Migrate: %d applied, %v; want 0, nil", len(ms), err)
 	}
 }
@@ -112,8 +112,8 @@ func TestMigrateRefusesCachedStatementsThroughPgBouncer(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			pool := bouncerPools(t, 1, mode)[0]
-			_, err := dedupe.Migrate(ctx, pool, "app", countingLine())
-			if !errors.Is(err, dedupe.ErrTransactionPooling) {
+			_, err := pg.Migrate(ctx, pool, "app", countingLine())
+			if !errors.Is(err, pg.ErrTransactionPooling) {
 				t.Fatalf("Migrate: %v; want ErrTransactionPooling", err)
 			}
 			t.Logf("Migrate says: %v", err)
@@ -132,19 +132,19 @@ func TestCheckPooling(t *testing.T) {
 	ctx := t.Context()
 	t.Run("direct", func(t *testing.T) {
 		t.Parallel()
-		p, err := dedupe.CheckPooling(ctx, pgtest.NewPool(t))
+		p, err := pg.CheckPooling(ctx, pgtest.NewPool(t))
 		if err != nil || p.Pooler || p.Transaction || p.Err() != nil || p.Warning() != "" {
 			t.Fatalf("direct: %+v, %v; want no pooler and no complaint", p, err)
 		}
 	})
 	t.Run("transaction", func(t *testing.T) {
 		t.Parallel()
-		p, err := dedupe.CheckPooling(ctx, bouncerPools(t, 1, pgx.QueryExecModeExec)[0])
+		p, err := pg.CheckPooling(ctx, bouncerPools(t, 1, pgx.QueryExecModeExec)[0])
 		if err != nil || !p.Pooler || !p.Transaction || p.Err() != nil {
 			t.Fatalf("transaction pooling, exec mode: %+v, %v; want a transaction pooler and no error", p, err)
 		}
-		p, err = dedupe.CheckPooling(ctx, bouncerPools(t, 1, pgx.QueryExecModeCacheStatement)[0])
-		if err != nil || !p.Transaction || !errors.Is(p.Err(), dedupe.ErrTransactionPooling) {
+		p, err = pg.CheckPooling(ctx, bouncerPools(t, 1, pgx.QueryExecModeCacheStatement)[0])
+		if err != nil || !p.Transaction || !errors.Is(p.Err(), pg.ErrTransactionPooling) {
 			t.Fatalf("transaction pooling, cached statements: %+v, %v; want ErrTransactionPooling", p, err)
 		}
 	})
@@ -160,12 +160,12 @@ func TestCheckPooling(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(pool.Close)
-		p, err := dedupe.CheckPooling(ctx, pool)
+		p, err := pg.CheckPooling(ctx, pool)
 		if err != nil || !p.Pooler || p.Transaction || p.Err() != nil || p.Warning() == "" {
 			t.Fatalf("session pooling, cached statements: %+v, %v; want a pooler of unknown mode, a warning and no error", p, err)
 		}
 		// In session pooling the default mode works: Migrate goes through.
-		if _, err := dedupe.Migrate(ctx, pool, "app", countingLine()); err != nil {
+		if _, err := pg.Migrate(ctx, pool, "app", countingLine()); err != nil {
 			t.Fatal(err)
 		}
 	})

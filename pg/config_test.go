@@ -1,4 +1,4 @@
-package dedupe_test
+package pg_test
 
 import (
 	"errors"
@@ -6,11 +6,12 @@ import (
 	"testing"
 
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 )
 
 func TestValidateIdentifier(t *testing.T) {
 	t.Parallel()
-	long := strings.Repeat("x", dedupe.MaxIdentifierLen)
+	long := strings.Repeat("x", pg.MaxIdentifierLen)
 	for _, tc := range []struct {
 		name    string
 		reserve int
@@ -41,7 +42,7 @@ func TestValidateIdentifier(t *testing.T) {
 		{long + "\n", 0, "64 bytes long"},              // the length is checked first
 		{"名前" + long[:58], 0, "64 bytes long"},         // bytes, not characters
 	} {
-		err := dedupe.ValidateIdentifier(tc.name, tc.reserve)
+		err := pg.ValidateIdentifier(tc.name, tc.reserve)
 		switch {
 		case tc.want == "" && err != nil:
 			t.Errorf("ValidateIdentifier(%q, %d) = %v, want nil", tc.name, tc.reserve, err)
@@ -53,14 +54,14 @@ func TestValidateIdentifier(t *testing.T) {
 
 func TestConfigError(t *testing.T) {
 	t.Parallel()
-	err := error(dedupe.ConfigErrorf("idset", "Table", "must not be empty"))
+	err := error(pg.ConfigErrorf("idset", "Table", "must not be empty"))
 	if got, want := err.Error(), "idset: invalid config: Table: must not be empty"; got != want {
 		t.Errorf("Error() = %q, want %q", got, want)
 	}
-	if !errors.Is(err, dedupe.ErrInvalidConfig) {
+	if !errors.Is(err, pg.ErrInvalidConfig) {
 		t.Errorf("%v does not match ErrInvalidConfig", err)
 	}
-	if errors.Is(&dedupe.KeyError{}, dedupe.ErrInvalidConfig) {
+	if errors.Is(&dedupe.KeyError{}, pg.ErrInvalidConfig) {
 		t.Error("a KeyError matches ErrInvalidConfig")
 	}
 }
