@@ -6,8 +6,8 @@ FAUXQS    := internal/fauxqs/node_modules/.package-lock.json
 
 # PKGS are the packages of every module of the workspace (go.work): the core
 # and the modules beside it (cli, cmd/effectively, the adapters, the
-# franz-go source and outbox sink, the metrics example), which ./... alone
-# would leave out.
+# franz-go source and outbox sink, the benchmarks, the examples and the
+# Kafka chaos run), which ./... alone would leave out.
 PKGS      := $(shell $(GO) list -m -f '{{.Path}}/...')
 MODDIRS   := $(shell $(GO) list -m -f '{{.Dir}}')
 
@@ -50,11 +50,11 @@ soak-outbox:
 	CHAIN_INPUTS=100000 $(GO) test -race -count=1 -timeout 30m -v -run '^TestChained$$' ./outbox/
 	CHAIN_KILL_INPUTS=100000 $(GO) test -count=1 -timeout 90m -v -run '^TestChainedKill$$' ./outbox/
 
-# The Kafka chaos tests: internal/chaos for sources/kafka,
-# sources/franz/internal/chaos for sources/franz. make test runs them short
-# with the other packages; soak-kafka runs them at full length, one at a
-# time.
-CHAOS     := github.com/effectively-once/effectively/internal/chaos github.com/effectively-once/effectively/sources/franz/internal/chaos
+# The Kafka chaos tests, in the module internal/chaos: its root package for
+# sources/kafka, internal/chaos/franz for sources/franz. make test runs
+# them short with the other packages; soak-kafka runs them at full length,
+# one at a time.
+CHAOS     := github.com/effectively-once/effectively/internal/chaos github.com/effectively-once/effectively/internal/chaos/franz
 
 ## soak-kafka: the Kafka sources' multi-process chaos run at full length, sources/kafka's then sources/franz's (120,000 messages, 12 kills, 2 freezes; see internal/chaos for the CHAOS_* variables)
 soak-kafka:

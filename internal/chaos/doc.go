@@ -5,13 +5,13 @@
 // several worker processes built from the library (a consumer with the
 // idset strategy, one effect row per message: package worker, given its
 // source by a main package, cmd/worker for sources/kafka and
-// sources/franz/internal/chaos/cmd/worker for sources/franz), and a
-// driver (package chaostest, run by this package's test for sources/kafka
-// and by sources/franz/internal/chaos's), that produces a paced stream with
-// producer duplicates and poison messages while it kills workers with
-// SIGKILL, freezes one with SIGSTOP for longer than the session timeout,
-// starts replacements, creates a topic the workers are configured to
-// consume and adds partitions to another.
+// franz/cmd/worker for sources/franz), and a driver (package chaostest,
+// run by this package's test for sources/kafka and by package franz's for
+// sources/franz), that produces a paced stream with producer duplicates
+// and poison messages while it kills workers with SIGKILL, freezes one
+// with SIGSTOP for longer than the session timeout, starts replacements,
+// creates a topic the workers are configured to consume and adds
+// partitions to another.
 //
 // At the end the test checks the promise of the library: exactly one effect
 // per logical message, exactly the poison messages parked, stored offsets

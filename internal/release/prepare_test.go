@@ -140,3 +140,26 @@ func envValue(env []string, key string) string {
 	}
 	return ""
 }
+
+// TestReleased: the modules under examples/, bench/ and internal/ are never
+// tagged; every other module of the workspace is.
+func TestReleased(t *testing.T) {
+	for dir, want := range map[string]bool{
+		".":                   true,
+		"cli":                 true,
+		"cmd/effectively":     true,
+		"sources/franz":       true,
+		"outbox/franzsink":    true,
+		"examples":            false,
+		"examples/metrics":    false,
+		"bench":               false,
+		"internal/chaos":      false,
+		"sources/x/internal":  false,
+		"benchmarks":          true,
+		"examplesque/library": true,
+	} {
+		if got := released(dir); got != want {
+			t.Errorf("released(%q) = %v, want %v", dir, got, want)
+		}
+	}
+}

@@ -20,9 +20,23 @@ type repoModule struct {
 	Dir string
 	// Path is the module path its go.mod declares.
 	Path string
-	// Released says whether the module is tagged with the core. Modules
-	// under examples/ are not: they are never installed at a version.
+	// Released says whether the module is tagged with the core (see
+	// released).
 	Released bool
+}
+
+// unreleasedDirs name the directories whose modules are never tagged: the
+// examples, the benchmarks and the test harnesses under internal/, which
+// are never installed at a version.
+var unreleasedDirs = []string{"examples", "bench", "internal"}
+
+// released says whether the module in dir (slash-separated, relative to
+// the root) is tagged with the core: whether no element of dir is one of
+// unreleasedDirs.
+func released(dir string) bool {
+	return !slices.ContainsFunc(strings.Split(dir, "/"), func(elem string) bool {
+		return slices.Contains(unreleasedDirs, elem)
+	})
 }
 
 // TagPrefix is what precedes the version in the module's tags: "" for the
@@ -64,7 +78,7 @@ func repoModules(root string) ([]repoModule, error) {
 		mods = append(mods, repoModule{
 			Dir:      dir,
 			Path:     p,
-			Released: !slices.Contains(strings.Split(dir, "/"), "examples"),
+			Released: released(dir),
 		})
 	}
 	if !slices.ContainsFunc(mods, func(m repoModule) bool { return m.Dir == "." }) {

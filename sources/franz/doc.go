@@ -103,7 +103,7 @@
 // frozen worker's open transaction holds its locked offsets row until
 // PostgreSQL ends it after consumer.Config.IdleTxTimeout; when the worker
 // wakes, its commit fails and its retry is fenced. The multi-process chaos
-// run (sources/franz/internal/chaos) checks these bounds with kill -9 and
+// run (the repository's internal/chaos/franz) checks these bounds with kill -9 and
 // SIGSTOP.
 //
 // # Messages

@@ -1,6 +1,6 @@
 // Command worker is one member of the chaos test's consumer group over
-// sources/franz: the shared chaos worker (the core's internal/chaos/worker)
-// with a franz.Source configured like sources/kafka's worker.
+// sources/franz: the shared chaos worker (package worker) with a
+// franz.Source configured like sources/kafka's worker.
 package main
 
 import (

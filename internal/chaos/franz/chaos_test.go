@@ -1,10 +1,9 @@
-// Package chaos runs sources/franz through the chaos run sources/kafka
-// runs (the core's internal/chaos/chaostest): worker processes killed with
-// SIGKILL, frozen with SIGSTOP and replaced, topics created and partitions
-// added while a paced stream with producer duplicates and poison messages
+// Package franz runs sources/franz through the chaos run sources/kafka
+// runs (package chaostest): worker processes killed with SIGKILL, frozen
+// with SIGSTOP and replaced, topics created and partitions added while a paced stream with producer duplicates and poison messages
 // flows; then exactly one effect per message, exactly the poison messages
 // parked, stored offsets that never went backwards, stalls within bound.
-package chaos_test
+package franz_test
 
 import (
 	"testing"
@@ -15,7 +14,7 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-var franzWorker = chaostest.Harness{Worker: "github.com/effectively-once/effectively/sources/franz/internal/chaos/cmd/worker"}
+var franzWorker = chaostest.Harness{Worker: "github.com/effectively-once/effectively/internal/chaos/franz/cmd/worker"}
 
 // TestChaos: see chaostest.Run and its environment variables.
 func TestChaos(t *testing.T) { chaostest.Run(t, franzWorker) }
