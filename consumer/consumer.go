@@ -23,7 +23,8 @@ type Consumer struct {
 
 	db          pg.DB
 	src         Source
-	waits       *waits
+	attempts    *attempts
+	senders     *senders
 	parkedTable string
 	idleSQL     string // run after BEGIN in every batch transaction
 	// idleTx is how long a batch transaction may stay idle before the
@@ -66,7 +67,8 @@ func New(db pg.DB, src Source, cfg Config) (*Consumer, error) {
 		parkedTable: pgx.Identifier{cfg.Schema, cfg.ParkedTable}.Sanitize(),
 		idleSQL:     idleSQL(cfg.IdleTxTimeout),
 		idleTx:      max(cfg.IdleTxTimeout, 0),
-		waits:       newWaits(),
+		attempts:    newAttempts(),
+		senders:     newSenders(),
 	}
 	if cfg.StandbyAck.Standbys > 0 {
 		c.standbys = newStandbys(db, cfg.StandbyAck)

@@ -101,7 +101,7 @@ func (c *Consumer) deriveKeys(msgs []*Message) []*item {
 		it.m, it.idx = m, i
 		it.key, it.keyErr = c.keys.key(m)
 		m.DedupeKey = it.key
-		it.tries = c.waits.failures(m)
+		it.tries = c.attempts.failures(m)
 		items[i] = it
 	}
 	return items

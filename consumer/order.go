@@ -3,16 +3,27 @@ package consumer
 import (
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/effectively-once/effectively/consumer/parked"
+	"github.com/effectively-once/effectively/dedupe"
 )
 
-// The ordering gate: for a sequenced strategy, a sender's messages apply in
-// sequence order, so a message handed back for redelivery (it failed, or
-// must itself wait) holds back every later message of its sender. The gate
-// is the one place that decides it: admit decides, once per pass, which
-// messages may run; handBack settles a handed-back message's followers as
-// soon as it is handed back, so the later stages never ask again.
+// The ordering of a sequenced strategy's messages, all of it in this file:
+// a sender's messages apply in sequence order, so a message handed back for
+// redelivery (it failed, or must itself wait) holds back every later
+// message of its sender, in this batch and in later ones. Three parts:
+//
+//   - the gate decides, once per pass, which messages may run (admit), and
+//     settles a handed-back message's followers as soon as it is handed
+//     back (handBack), so the later stages never ask again;
+//   - path.wait hands a message back to wait for an earlier one, or parks
+//     it once it waited Config.GapMaxAttempts deliveries; the claim uses it
+//     too, for a strategy's verdict that an earlier sequence number has not
+//     arrived (claim.go);
+//   - senders remembers, between batches, which of a sender's sequence
+//     numbers were handed back and have not settled since (the gate's
+//     memory across deliveries), fed by the batch's settlement (settle.go).
 
 // gate is the ordering decision of one pass over a batch.
 type gate struct {
@@ -62,7 +73,7 @@ func (c *Consumer) admit(items []*item) ([]*item, *gate) {
 		}
 		if g.bySender != nil && it.key.Sender != "" {
 			sr := senderRef{it.key.Scope, it.key.Sender}
-			if c.waits.behind(it.key, ahead[sr]) {
+			if c.senders.behind(it.key, ahead[sr]) {
 				g.wait(it, "an earlier message of its sender is waiting for a retry")
 				continue
 			}
@@ -124,4 +135,77 @@ func pending(group []*item) []*item {
 		}
 	}
 	return out
+}
+
+type senderRef struct{ scope, sender string }
+
+// senders keeps, in memory, for a sequenced strategy, every sequence number
+// of each sender that was handed back for a retry (failed or waiting) and
+// has not settled since: a later sequence number of that sender must wait
+// for all of them, or a monotonic mark would pass them by. Once a sequence
+// number settled (applied, duplicate or parked), every copy of it and below
+// is done: the highest settled one (done) makes older entries moot, so a
+// copy handed back after another copy applied holds nothing back.
+type senders struct {
+	mu      sync.Mutex
+	pending map[senderRef]map[int64]struct{} // sender → seqs awaiting redelivery
+	done    map[senderRef]int64              // sender → highest seq settled
+}
+
+func newSenders() *senders {
+	return &senders{pending: map[senderRef]map[int64]struct{}{}, done: map[senderRef]int64{}}
+}
+
+// behind reports whether an earlier sequence number of k's sender awaits
+// redelivery, other than those in here (delivered again, ahead of k).
+func (s *senders) behind(k dedupe.Key, here map[int64]bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sr := senderRef{k.Scope, k.Sender}
+	done := s.done[sr]
+	for seq := range s.pending[sr] {
+		if seq > done && seq < k.Seq && !here[seq] {
+			return true
+		}
+	}
+	return false
+}
+
+// settled records the committed outcome of a batch of a sequenced
+// strategy.
+func (s *senders) settled(items []*item) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, it := range items {
+		if it.keyErr != nil || it.key.Sender == "" {
+			continue
+		}
+		sr := senderRef{it.key.Scope, it.key.Sender}
+		seqs := s.pending[sr]
+		if it.outcome == OutcomeRetried {
+			if it.key.Seq <= s.done[sr] {
+				continue // another copy settled: this one will be a duplicate
+			}
+			if seqs == nil {
+				seqs = map[int64]struct{}{}
+				s.pending[sr] = seqs
+			}
+			seqs[it.key.Seq] = struct{}{}
+			continue
+		}
+		if it.key.Seq > s.done[sr] {
+			if len(s.done) > maxTracked {
+				s.done = map[senderRef]int64{}
+			}
+			s.done[sr] = it.key.Seq
+		}
+		for seq := range seqs {
+			if seq <= s.done[sr] {
+				delete(seqs, seq)
+			}
+		}
+		if len(seqs) == 0 {
+			delete(s.pending, sr)
+		}
+	}
 }

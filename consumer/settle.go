@@ -28,7 +28,10 @@ func (c *Consumer) settle(ctx context.Context, b *Batch, items []*item, st *Batc
 	if err != nil {
 		return c.abandon(ctx, b, items, st, err, start)
 	}
-	c.waits.settled(items, c.sequenced)
+	c.attempts.settled(items)
+	if c.sequenced {
+		c.senders.settled(items)
+	}
 	ack := make([]*Message, 0, len(items))
 	var retry []Retry
 	for _, it := range items {
@@ -94,7 +97,7 @@ func (c *Consumer) abandon(ctx context.Context, b *Batch, items []*item, st *Bat
 	}
 	if !st.Fenced {
 		// Their next delivery is not a failure of theirs.
-		c.waits.abandoned(items)
+		c.attempts.abandoned(items)
 	}
 	if serr := c.src.Settle(ctx, b, nil, nil); serr != nil {
 		c.log.ErrorContext(ctx, "settle failed", "lane", b.Lane, "err", serr)
