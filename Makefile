@@ -30,7 +30,7 @@ test-race: deps
 # this target; lint checks them with the tag.
 PATRONI_TAGS := -tags patroni
 test-patroni: deps
-	$(GO) test $(PATRONI_TAGS) -race -count=1 -p 1 -timeout 30m -v -run '^TestPatroni' ./pgtest/ ./internal/failover/
+	$(GO) test $(PATRONI_TAGS) -race -count=1 -p 1 -timeout 30m -v -run '^TestPatroni' ./pgtest/ ./integration/failover/
 
 ## test-short: a quicker pass while iterating
 test-short: deps

@@ -102,7 +102,7 @@ their ref as "parked list" shows it; every row under that ref is redriven.
 			res, err := consumer.Redrive(ctx, pool, consumer.Config{
 				Name: f.scope, Strategy: s, Handler: h, BatchHandler: bh, KeyFunc: kf,
 				Schema: a.schema, ParkedTable: a.parkedTable,
-			}, consumer.RedriveFilter{IDs: ids, Refs: pf.Refs, Reason: pf.Reason})
+			}, parked.Filter{IDs: ids, Refs: pf.Refs, Reason: pf.Reason})
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tREF\tCOUNT\tREASON\tOUTCOME\tERROR")
 			for _, it := range res.Items {
@@ -111,7 +111,7 @@ their ref as "parked list" shows it; every row under that ref is redriven.
 					msg = shorten(it.Err.Error(), 100)
 				}
 				ref, count := "-", "-"
-				if it.Outcome != consumer.RedriveGone {
+				if it.Outcome != parked.RedriveGone {
 					ref, count = showRef(it.Ref), strconv.Itoa(it.ParkCount)
 				}
 				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", it.ID, ref, count, orDash(it.Reason), it.Outcome, msg)

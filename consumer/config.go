@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer/parked"
+	"github.com/effectively-once/effectively/consumer/standby"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/logx"
 	"github.com/effectively-once/effectively/pg"
@@ -22,20 +23,19 @@ const (
 	MismatchPark
 )
 
-// Defaults of the Config fields.
+// Defaults of the Config fields. MaxKeyLen, Schema and ParkedTable default
+// to their owners' constants: dedupe.DefaultMaxIDLen, pg.DefaultSchema and
+// parked.DefaultTable.
 const (
-	DefaultMaxKeyLen       = dedupe.DefaultMaxIDLen
-	DefaultBatchSize       = 100
-	DefaultConcurrency     = 4
-	DefaultMaxAttempts     = 10
-	DefaultRetryBackoff    = time.Second
-	DefaultMaxRetryBackoff = 5 * time.Minute
-	DefaultGapDelay        = time.Second
-	DefaultGapMaxAttempts  = 60
-	DefaultSchema          = pg.DefaultSchema
-	DefaultParkedTable     = parked.DefaultTable
-	DefaultShutdownTimeout = 30 * time.Second
-	DefaultIdleTxTimeout   = 10 * time.Second
+	defaultBatchSize       = 100
+	defaultConcurrency     = 4
+	defaultMaxAttempts     = 10
+	defaultRetryBackoff    = time.Second
+	defaultMaxRetryBackoff = 5 * time.Minute
+	defaultGapDelay        = time.Second
+	defaultGapMaxAttempts  = 60
+	defaultShutdownTimeout = 30 * time.Second
+	defaultIdleTxTimeout   = 10 * time.Second
 )
 
 // MaxBatchSize is the largest Config.BatchSize accepted.
@@ -85,17 +85,17 @@ type Config struct {
 	// FingerprintBytes.
 	Fingerprint FingerprintMode
 	// MaxKeyLen is the longest dedupe ID (and sender), in bytes; longer keys
-	// are parked. Defaults to 512 (DefaultMaxKeyLen).
+	// are parked. Defaults to 512 (dedupe.DefaultMaxIDLen).
 	MaxKeyLen int
 
 	// BatchSize is the most messages fetched and committed in one
-	// transaction. At most MaxBatchSize. Defaults to 100 (DefaultBatchSize).
+	// transaction. At most MaxBatchSize. Defaults to 100.
 	BatchSize int
 	// Concurrency is how many batches (of different lanes) run at once.
 	// Each holds one connection of the pool for its transaction; Run
 	// reports at start-up a pool too small for it (MaxConns below
 	// Concurrency, plus one for the strategy's background work, if it
-	// has any). Defaults to 4 (DefaultConcurrency).
+	// has any). Defaults to 4.
 	Concurrency int
 
 	// MaxAttempts is how many times a failing message is tried before it is
@@ -105,21 +105,18 @@ type Config struct {
 	// sender, or in a batch that rolled back as a whole) and those whose
 	// handler met a transient database error (*TransientError: a lock
 	// held elsewhere past lock_timeout, say), which are retried without
-	// limit. Defaults to 10 (DefaultMaxAttempts).
+	// limit. Defaults to 10.
 	MaxAttempts int
 	// RetryBackoff is the delay before the second attempt; it doubles with
-	// each attempt, with jitter. Defaults to 1s (DefaultRetryBackoff).
+	// each attempt, with jitter. Defaults to 1s.
 	RetryBackoff time.Duration
-	// MaxRetryBackoff caps the delay between attempts. Defaults to 5m
-	// (DefaultMaxRetryBackoff).
+	// MaxRetryBackoff caps the delay between attempts. Defaults to 5m.
 	MaxRetryBackoff time.Duration
 	// GapDelay is how long a message that arrived ahead of its sequence (a
-	// gap) waits before it is delivered again. Defaults to 1s
-	// (DefaultGapDelay).
+	// gap) waits before it is delivered again. Defaults to 1s.
 	GapDelay time.Duration
 	// GapMaxAttempts is how many deliveries a message may spend waiting for a
-	// gap before it is parked with reason "gap". Defaults to 60
-	// (DefaultGapMaxAttempts).
+	// gap before it is parked with reason "gap". Defaults to 60.
 	GapMaxAttempts int
 	// OnMismatch says what to do with a key reused for another payload.
 	// Defaults to MismatchDuplicate.
@@ -127,12 +124,12 @@ type Config struct {
 
 	// Schema holds the parked-messages table. At most 63 bytes of UTF-8
 	// without NUL bytes, quoted wherever it is used. Defaults to
-	// "effectively" (DefaultSchema).
+	// "effectively" (pg.DefaultSchema).
 	Schema string
 	// ParkedTable is the parked-messages table's name. Its indexes are named
 	// after it with suffixes of up to 17 bytes, so it may be at most 46
 	// bytes (of UTF-8 without NUL bytes). Defaults to "parked"
-	// (DefaultParkedTable).
+	// (parked.DefaultTable).
 	ParkedTable string
 
 	// ShutdownTimeout bounds how long Run waits, after its context is done,
@@ -140,7 +137,7 @@ type Config struct {
 	// the batches' contexts are cancelled and Run returns an error matching
 	// ErrShutdownTimeout without waiting for handlers that ignore their
 	// context: such a batch cannot commit any more, and its messages are
-	// delivered again. Defaults to 30s (DefaultShutdownTimeout).
+	// delivered again. Defaults to 30s.
 	ShutdownTimeout time.Duration
 	// SourceFailureTimeout is how long the source's Fetch may keep failing,
 	// with no batch fetched in between, before Run stops and returns the
@@ -164,13 +161,13 @@ type Config struct {
 	// idle_in_transaction_session_timeout, read at start-up, then decides
 	// which handler calls are blamed); a positive one above the server's
 	// setting is logged at start-up, since it raises the DBA's limit for
-	// the batch transactions. Defaults to 10s (DefaultIdleTxTimeout).
+	// the batch transactions. Defaults to 10s.
 	IdleTxTimeout time.Duration
 	// StandbyAck acknowledges a batch to its source only once its commit
 	// is on the primary's standbys, so that a failover to an asynchronous
-	// standby loses nothing acknowledged (see StandbyAck). Defaults to
+	// standby loses nothing acknowledged (see standby.Config). Defaults to
 	// off: a batch is acknowledged once its COMMIT returned on the primary.
-	StandbyAck StandbyAck
+	StandbyAck standby.Config
 	// Logger receives the consumer's logs. Defaults to warnings and errors
 	// on stderr (slog.New(slog.DiscardHandler) silences them).
 	Logger *slog.Logger
@@ -186,43 +183,43 @@ func (c Config) withDefaults() Config {
 		c.KeyFunc = DefaultKey
 	}
 	if c.MaxKeyLen == 0 {
-		c.MaxKeyLen = DefaultMaxKeyLen
+		c.MaxKeyLen = dedupe.DefaultMaxIDLen
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
+		c.BatchSize = defaultBatchSize
 	}
 	if c.Concurrency == 0 {
-		c.Concurrency = DefaultConcurrency
+		c.Concurrency = defaultConcurrency
 	}
 	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultMaxAttempts
+		c.MaxAttempts = defaultMaxAttempts
 	}
 	if c.RetryBackoff == 0 {
-		c.RetryBackoff = DefaultRetryBackoff
+		c.RetryBackoff = defaultRetryBackoff
 	}
 	if c.MaxRetryBackoff == 0 {
-		c.MaxRetryBackoff = DefaultMaxRetryBackoff
+		c.MaxRetryBackoff = defaultMaxRetryBackoff
 	}
 	if c.GapDelay == 0 {
-		c.GapDelay = DefaultGapDelay
+		c.GapDelay = defaultGapDelay
 	}
 	if c.GapMaxAttempts == 0 {
-		c.GapMaxAttempts = DefaultGapMaxAttempts
+		c.GapMaxAttempts = defaultGapMaxAttempts
 	}
 	if c.Schema == "" {
-		c.Schema = DefaultSchema
+		c.Schema = pg.DefaultSchema
 	}
 	if c.ParkedTable == "" {
-		c.ParkedTable = DefaultParkedTable
+		c.ParkedTable = parked.DefaultTable
 	}
 	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = DefaultShutdownTimeout
+		c.ShutdownTimeout = defaultShutdownTimeout
 	}
 	if c.IdleTxTimeout == 0 {
-		c.IdleTxTimeout = DefaultIdleTxTimeout
+		c.IdleTxTimeout = defaultIdleTxTimeout
 	}
 	if c.StandbyAck.Standbys > 0 && c.StandbyAck.Timeout == 0 {
-		c.StandbyAck.Timeout = DefaultStandbyTimeout
+		c.StandbyAck.Timeout = standby.DefaultTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = logx.Default()

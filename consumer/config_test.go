@@ -5,9 +5,12 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/parked"
+	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/pg"
 )
@@ -59,14 +62,14 @@ func TestConfigTables(t *testing.T) {
 	}
 	// Redrive checks the same table names before it reaches the database.
 	_, err = consumer.Redrive(context.Background(), noDB{}, consumer.Config{
-		Name: "x", Strategy: s, Handler: insertEffect, ParkedTable: strings.Repeat("p", 47)}, consumer.RedriveFilter{})
+		Name: "x", Strategy: s, Handler: insertEffect, ParkedTable: strings.Repeat("p", 47)}, parked.Filter{})
 	var ce *consumer.ConfigError
 	if !errors.As(err, &ce) || ce.Field != "ParkedTable" {
 		t.Errorf("Redrive with a long ParkedTable = %v, want a ConfigError for it", err)
 	}
 }
 
-// TestConfigDefaults: the zero Config gets the exported defaults.
+// TestConfigDefaults: the zero Config gets the documented defaults.
 func TestConfigDefaults(t *testing.T) {
 	t.Parallel()
 	s, err := idset.New(idset.Config{})
@@ -78,12 +81,13 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := c.Config()
-	if got.BatchSize != consumer.DefaultBatchSize || got.Concurrency != consumer.DefaultConcurrency ||
-		got.MaxAttempts != consumer.DefaultMaxAttempts || got.RetryBackoff != consumer.DefaultRetryBackoff ||
-		got.MaxRetryBackoff != consumer.DefaultMaxRetryBackoff || got.GapDelay != consumer.DefaultGapDelay ||
-		got.GapMaxAttempts != consumer.DefaultGapMaxAttempts || got.Schema != consumer.DefaultSchema ||
-		got.ParkedTable != consumer.DefaultParkedTable || got.ShutdownTimeout != consumer.DefaultShutdownTimeout ||
-		got.IdleTxTimeout != consumer.DefaultIdleTxTimeout || got.MaxKeyLen != consumer.DefaultMaxKeyLen ||
+	// The defaults the Config fields document.
+	if got.BatchSize != 100 || got.Concurrency != 4 ||
+		got.MaxAttempts != 10 || got.RetryBackoff != time.Second ||
+		got.MaxRetryBackoff != 5*time.Minute || got.GapDelay != time.Second ||
+		got.GapMaxAttempts != 60 || got.Schema != pg.DefaultSchema ||
+		got.ParkedTable != parked.DefaultTable || got.ShutdownTimeout != 30*time.Second ||
+		got.IdleTxTimeout != 10*time.Second || got.MaxKeyLen != dedupe.DefaultMaxIDLen ||
 		got.Scope != "x" || got.Logger == nil || got.KeyFunc == nil {
 		t.Errorf("defaults: %+v", got)
 	}

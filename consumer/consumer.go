@@ -10,6 +10,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer/internal/merge"
 	"github.com/effectively-once/effectively/consumer/parked"
+	"github.com/effectively-once/effectively/consumer/standby"
 	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 )
@@ -38,7 +39,7 @@ type Consumer struct {
 
 	merger merge.Merger // a QueueHandler's single-row INSERTs merged
 
-	standbys *standbys // nil unless Config.StandbyAck is on
+	standbys *standby.Poller // nil unless Config.StandbyAck is on
 
 	startHooks []BatchStartHook
 	msgHooks   []MessageHook
@@ -71,7 +72,7 @@ func New(db pg.DB, src Source, cfg Config) (*Consumer, error) {
 		senders:     newSenders(),
 	}
 	if cfg.StandbyAck.Standbys > 0 {
-		c.standbys = newStandbys(db, cfg.StandbyAck)
+		c.standbys = standby.New(db, cfg.StandbyAck)
 	}
 	for _, h := range cfg.Hooks {
 		if sh, ok := h.(BatchStartHook); ok {
@@ -228,7 +229,7 @@ func (c *Consumer) preflight(ctx context.Context) error {
 	}
 	c.checkPool(ctx)
 	if c.standbys != nil {
-		if err := c.standbys.check(ctx, c.log); err != nil {
+		if err := c.standbys.Check(ctx, c.log); err != nil {
 			return err
 		}
 	}

@@ -102,9 +102,9 @@ type BatchStats struct {
 	// lacks it now loses it.
 	StandbyUnconfirmed bool
 	// Err is the error that rolled back the whole batch, if any; its messages
-	// were then handed back for redelivery. It matches ErrStandbyUnconfirmed
+	// were then handed back for redelivery. It matches standby.ErrUnconfirmed
 	// when the batch committed but no standby could confirm it (see
-	// StandbyAck): its messages are reported as OutcomeUnknown.
+	// standby.Config): its messages are reported as OutcomeUnknown.
 	Err error
 	// Durations of the phases: claiming keys, running handlers, commit,
 	// acknowledging to the source, and the whole batch.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/jackc/pgx/v5"
 )
@@ -121,7 +122,7 @@ type redriven struct {
 // redriveAll redrives every parked row of scope "test" with a KeyFunc that
 // takes the payload as the ID (so key-less rows can be redriven too), and
 // returns what the handler saw, in row order.
-func (e *env) redriveAll() ([]redriven, consumer.RedriveResult) {
+func (e *env) redriveAll() ([]redriven, parked.RedriveResult) {
 	e.t.Helper()
 	var mu sync.Mutex
 	var seen []redriven

@@ -11,6 +11,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/parked"
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/bloom"
 	"github.com/effectively-once/effectively/dedupe/highwater"
@@ -119,7 +120,7 @@ func TestRedriveThroughPgBouncer(t *testing.T) {
 	}
 	f.fixed.Store(true)
 	var wg sync.WaitGroup
-	results := make([]consumer.RedriveResult, 2)
+	results := make([]parked.RedriveResult, 2)
 	errs := make([]error, 2)
 	for i := range 2 {
 		wg.Go(func() { results[i], errs[i] = e.redriveConfig(f.handle).run(e) })

@@ -11,87 +11,19 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// RedriveFilter selects parked messages of one scope. The zero value selects
-// all of them.
-type RedriveFilter struct {
-	// IDs, when not empty, limits the redrive to these parked-row ids.
-	IDs []int64
-	// Refs, when not empty, limits the redrive to rows whose Message.Ref
-	// is one of these, byte for byte. Several rows may share a ref (other
-	// messages delivered under it).
-	Refs []string
-	// Reason, when set, limits the redrive to rows parked for this reason
-	// (parked.ReasonPermanent, parked.ReasonMaxAttempts, …).
-	Reason string
-	// Limit is the most rows redriven. Defaults to 0: no limit.
-	Limit int
-}
-
-// Redrive outcomes, in RedriveItem.Outcome.
-const (
-	// RedriveApplied: the handler ran; its effect and the removal of the
-	// parked row committed together.
-	RedriveApplied = "applied"
-	// RedriveDuplicate: the message's key was claimed by another delivery
-	// since it was parked; the parked row was removed and nothing ran.
-	RedriveDuplicate = "duplicate"
-	// RedriveFailed: the handler (or the claim) failed; the row stays
-	// parked, with attempts and last_error updated.
-	RedriveFailed = "failed"
-	// RedriveSkipped: the row cannot be redriven as it is (no key and no
-	// KeyFunc, a key reused with another payload, a sequence gap); it stays
-	// parked.
-	RedriveSkipped = "skipped"
-	// RedriveGone: the row was removed (redriven or purged) by someone else
-	// between selection and redrive.
-	RedriveGone = "gone"
-)
-
-// RedriveItem is what became of one parked row.
-type RedriveItem struct {
-	ID  int64
-	Ref string // exact, possibly not valid UTF-8
-	// ParkCount is how many times the message was parked before (the same
-	// message delivered and parked again shares its row).
-	ParkCount int
-	Reason    string // the reason it was parked
-	Outcome   string // one of the Redrive* outcomes
-	Err       error  // why it failed or was skipped
-}
-
-// RedriveResult counts the outcomes of a Redrive and lists every row.
-type RedriveResult struct {
-	Applied, Duplicate, Failed, Skipped, Gone int
-	Items                                     []RedriveItem
-}
-
-func (r *RedriveResult) add(it RedriveItem) {
-	switch it.Outcome {
-	case RedriveApplied:
-		r.Applied++
-	case RedriveDuplicate:
-		r.Duplicate++
-	case RedriveFailed:
-		r.Failed++
-	case RedriveSkipped:
-		r.Skipped++
-	case RedriveGone:
-		r.Gone++
-	}
-	r.Items = append(r.Items, it)
-}
-
-// Redrive runs the parked messages of cfg.Scope selected by f through
-// cfg's handler again, oldest first, each in a transaction of its own that
-// also deletes its parked row: a redriven message is applied exactly once
-// and leaves the parked table in the same commit. cfg is the consumer's
-// Config (its Name, Scope, Strategy, handler, KeyFunc, key settings, Schema,
-// ParkedTable and Logger apply), so a message is keyed, claimed and handled
-// on the same path as in the consumer.
+// Redrive runs the parked messages of cfg.Scope selected by f (whose Scope
+// is empty or cfg.Scope; the zero Filter selects all of them) through cfg's
+// handler again, oldest first, each in a transaction of its own that also
+// deletes its parked row: a redriven message is applied exactly once and
+// leaves the parked table in the same commit. cfg is the consumer's Config
+// (its Name, Scope, Strategy, handler, KeyFunc, key settings, Schema,
+// ParkedTable and Logger apply), so a message is keyed, claimed and
+// handled on the same path as in the consumer. The result lists what
+// became of every row (parked.RedriveResult).
 //
 // The row is deleted first, which locks it: a second Redrive of the same
-// row, at the same time, waits and then finds it gone (RedriveGone). A
-// message parked without a dedupe marker (invalid_key, gap) has its key
+// row, at the same time, waits and then finds it gone
+// (parked.RedriveGone). A message parked without a dedupe marker (invalid_key, gap) has its key
 // claimed with cfg.Strategy first (a message parked with reason
 // invalid_key gets its key from cfg.KeyFunc, which can be a new one); if
 // another delivery applied it meanwhile, its row is removed as a
@@ -102,8 +34,8 @@ func (r *RedriveResult) add(it RedriveItem) {
 // Redrive is safe while consumers of the same scope run. It returns an
 // error only when it cannot go on (the database is unreachable, the table
 // missing, ctx done), together with what it did until then.
-func Redrive(ctx context.Context, db pg.DB, cfg Config, f RedriveFilter) (RedriveResult, error) {
-	var res RedriveResult
+func Redrive(ctx context.Context, db pg.DB, cfg Config, f parked.Filter) (parked.RedriveResult, error) {
+	var res parked.RedriveResult
 	if db == nil {
 		return res, &ConfigError{Package: "consumer", Field: "db", Reason: "must not be nil"}
 	}
@@ -111,25 +43,28 @@ func Redrive(ctx context.Context, db pg.DB, cfg Config, f RedriveFilter) (Redriv
 	if err := cfg.validate(); err != nil {
 		return res, err
 	}
-	if f.Limit < 0 {
-		return res, pg.ConfigErrorf("consumer", "RedriveFilter.Limit", "must not be negative, got %d", f.Limit)
-	}
 	return redrive(ctx, db, newPath(cfg, cfg.Logger, nil), f)
 }
 
 // Redrive runs the consumer's parked messages selected by f through its
 // handler again; see the function Redrive.
-func (c *Consumer) Redrive(ctx context.Context, f RedriveFilter) (RedriveResult, error) {
-	if f.Limit < 0 {
-		return RedriveResult{}, pg.ConfigErrorf("consumer", "RedriveFilter.Limit", "must not be negative, got %d", f.Limit)
-	}
+func (c *Consumer) Redrive(ctx context.Context, f parked.Filter) (parked.RedriveResult, error) {
 	return redrive(ctx, c.db, c.path, f)
 }
 
-func redrive(ctx context.Context, db pg.DB, p path, f RedriveFilter) (RedriveResult, error) {
-	var res RedriveResult
+func redrive(ctx context.Context, db pg.DB, p path, f parked.Filter) (parked.RedriveResult, error) {
+	var res parked.RedriveResult
+	switch {
+	case f.Limit < 0:
+		return res, pg.ConfigErrorf("consumer", "Filter.Limit", "must not be negative, got %d", f.Limit)
+	case f.OlderThan < 0:
+		return res, pg.ConfigErrorf("consumer", "Filter.OlderThan", "must not be negative, got %s", f.OlderThan)
+	case f.Scope != "" && f.Scope != p.cfg.Scope:
+		return res, pg.ConfigErrorf("consumer", "Filter.Scope", "is %q, but a redrive runs the messages of its Config's scope, %q: leave it empty, or redrive with that scope's Config", f.Scope, p.cfg.Scope)
+	}
+	f.Scope = p.cfg.Scope
 	r := &redriver{path: p, store: parked.NewStore(db, p.cfg.Schema, p.cfg.ParkedTable), db: db}
-	ids, err := r.store.IDs(ctx, parked.Filter{Scope: p.cfg.Scope, Reason: f.Reason, IDs: f.IDs, Refs: f.Refs, Limit: f.Limit})
+	ids, err := r.store.IDs(ctx, f)
 	if err != nil {
 		return res, fmt.Errorf("consumer: redrive: %w", err)
 	}
@@ -142,7 +77,7 @@ func redrive(ctx context.Context, db pg.DB, p path, f RedriveFilter) (RedriveRes
 			return res, err
 		}
 		p.log.InfoContext(ctx, "redrive", "id", it.ID, "ref", it.Ref, "park_count", it.ParkCount, "reason", it.Reason, "outcome", it.Outcome, "err", errString(it.Err))
-		res.add(it)
+		res.Add(it)
 	}
 	return res, nil
 }
@@ -158,9 +93,9 @@ type redriver struct {
 // (if it was parked without a marker), the handler. The row is taken
 // (deleted) in the same transaction, so that both commit or roll back
 // together.
-func (r *redriver) one(ctx context.Context, id int64) (RedriveItem, error) {
+func (r *redriver) one(ctx context.Context, id int64) (parked.RedriveItem, error) {
 	p := &r.path
-	it := RedriveItem{ID: id}
+	it := parked.RedriveItem{ID: id}
 	tx, err := r.db.Begin(ctx)
 	if err != nil {
 		return it, fmt.Errorf("consumer: redrive: begin: %w", err)
@@ -169,7 +104,7 @@ func (r *redriver) one(ctx context.Context, id int64) (RedriveItem, error) {
 
 	row, err := r.store.TakeTx(ctx, tx, p.cfg.Scope, id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		it.Outcome = RedriveGone
+		it.Outcome = parked.RedriveGone
 		return it, nil
 	}
 	if err != nil {
@@ -182,7 +117,7 @@ func (r *redriver) one(ctx context.Context, id int64) (RedriveItem, error) {
 	if !hasKey {
 		k, kerr := p.keys.key(m)
 		if kerr != nil {
-			it.Outcome, it.Err = RedriveSkipped, fmt.Errorf("the KeyFunc derives no usable key (redrive it with a KeyFunc that does): %w", kerr)
+			it.Outcome, it.Err = parked.RedriveSkipped, fmt.Errorf("the KeyFunc derives no usable key (redrive it with a KeyFunc that does): %w", kerr)
 			return it, nil
 		}
 		key = k
@@ -194,7 +129,7 @@ func (r *redriver) one(ctx context.Context, id int64) (RedriveItem, error) {
 		var ke *dedupe.KeyError
 		switch {
 		case errors.As(cerr, &ke):
-			it.Outcome, it.Err = RedriveSkipped, ke
+			it.Outcome, it.Err = parked.RedriveSkipped, ke
 			return it, nil
 		case cerr != nil:
 			return it, fmt.Errorf("consumer: redrive: %w", cerr)
@@ -205,19 +140,19 @@ func (r *redriver) one(ctx context.Context, id int64) (RedriveItem, error) {
 				return it, fmt.Errorf("consumer: redrive: commit: %w", err)
 			}
 			p.committed([]dedupe.Key{key}, vs)
-			it.Outcome = RedriveDuplicate
+			it.Outcome = parked.RedriveDuplicate
 			return it, nil
 		case dedupe.VerdictMismatch:
-			it.Outcome, it.Err = RedriveSkipped, fmt.Errorf("key %s was applied before with another payload", key)
+			it.Outcome, it.Err = parked.RedriveSkipped, fmt.Errorf("key %s was applied before with another payload", key)
 			return it, nil
 		case dedupe.VerdictGap:
-			it.Outcome, it.Err = RedriveSkipped, fmt.Errorf("sequence gap: %s is still ahead of its sender's mark", key)
+			it.Outcome, it.Err = parked.RedriveSkipped, fmt.Errorf("sequence gap: %s is still ahead of its sender's mark", key)
 			return it, nil
 		}
 	}
 	if herr := p.handleOne(ctx, tx, m); herr != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
-		it.Outcome, it.Err = RedriveFailed, herr
+		it.Outcome, it.Err = parked.RedriveFailed, herr
 		if err := r.store.RecordFailure(ctx, id, "redrive: "+herr.Error()); err != nil {
 			return it, fmt.Errorf("consumer: redrive: %w", err)
 		}
@@ -229,6 +164,6 @@ func (r *redriver) one(ctx context.Context, id int64) (RedriveItem, error) {
 	if verdict != 0 {
 		p.committed([]dedupe.Key{key}, []dedupe.Verdict{verdict})
 	}
-	it.Outcome = RedriveApplied
+	it.Outcome = parked.RedriveApplied
 	return it, nil
 }

@@ -35,7 +35,7 @@ func (f *fixable) handle(ctx context.Context, tx pgx.Tx, m *consumer.Message) er
 // redriveArgs are Redrive's arguments.
 type redriveArgs struct {
 	consumer.Config
-	Filter consumer.RedriveFilter
+	Filter parked.Filter
 }
 
 func (e *env) redriveConfig(h consumer.Handler) redriveArgs {
@@ -46,7 +46,7 @@ func (e *env) redriveConfig(h consumer.Handler) redriveArgs {
 	return redriveArgs{Config: consumer.Config{Name: "test", Strategy: s, Handler: h}}
 }
 
-func (a redriveArgs) run(e *env) (consumer.RedriveResult, error) {
+func (a redriveArgs) run(e *env) (parked.RedriveResult, error) {
 	return consumer.Redrive(context.Background(), e.pool, a.Config, a.Filter)
 }
 
@@ -118,7 +118,7 @@ func TestRedriveTwiceAtOnceAppliesOnce(t *testing.T) {
 		return f.handle(ctx, tx, m)
 	}
 	var wg sync.WaitGroup
-	results := make([]consumer.RedriveResult, 2)
+	results := make([]parked.RedriveResult, 2)
 	errs := make([]error, 2)
 	for i := range 2 {
 		wg.Add(1)
@@ -176,7 +176,7 @@ func TestRedriveFailureStaysParked(t *testing.T) {
 	c := e.consumer(consumer.Config{Handler: f.handle})
 	e.runUntilIdle(c, 30*time.Second)
 
-	res, err := c.Redrive(context.Background(), consumer.RedriveFilter{})
+	res, err := c.Redrive(context.Background(), parked.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +193,7 @@ func TestRedriveFailureStaysParked(t *testing.T) {
 	}
 	// Fixed now: a limited redrive applies one, and one stays.
 	f.fixed.Store(true)
-	res, err = c.Redrive(context.Background(), consumer.RedriveFilter{Limit: 1})
+	res, err = c.Redrive(context.Background(), parked.Filter{Limit: 1})
 	if err != nil || res.Applied != 1 || res.Items[0].Ref == "" {
 		t.Fatalf("limited redrive: %+v, %v", res, err)
 	}
@@ -265,12 +265,12 @@ func TestRedriveFiltersAndBatchHandler(t *testing.T) {
 		}
 		return f.handle(ctx, tx, msgs[0])
 	}
-	cfg.Filter = consumer.RedriveFilter{IDs: []int64{ids[1], 999999}, Reason: parked.ReasonPermanent}
+	cfg.Filter = parked.Filter{IDs: []int64{ids[1], 999999}, Reason: parked.ReasonPermanent}
 	res, err := cfg.run(e)
 	if err != nil || res.Applied != 1 || len(res.Items) != 1 || res.Items[0].ID != ids[1] {
 		t.Fatalf("by id: %+v, %v", res, err)
 	}
-	cfg.Filter = consumer.RedriveFilter{Reason: parked.ReasonPermanent}
+	cfg.Filter = parked.Filter{Reason: parked.ReasonPermanent}
 	res, err = cfg.run(e)
 	if err != nil || res.Applied != 2 {
 		t.Fatalf("by reason: %+v, %v", res, err)
@@ -279,7 +279,7 @@ func TestRedriveFiltersAndBatchHandler(t *testing.T) {
 		t.Fatalf("left parked: %+v", got)
 	}
 	// Another scope sees none of these rows.
-	cfg.Scope, cfg.Filter = "other", consumer.RedriveFilter{}
+	cfg.Scope, cfg.Filter = "other", parked.Filter{}
 	if res, err := cfg.run(e); err != nil || len(res.Items) != 0 {
 		t.Fatalf("other scope: %+v, %v", res, err)
 	}
@@ -295,6 +295,8 @@ func TestRedriveConfigValidation(t *testing.T) {
 		"no handler":   func(c *redriveArgs) { c.Handler = nil },
 		"two handlers": func(c *redriveArgs) { c.BatchHandler = insertEffects },
 		"limit":        func(c *redriveArgs) { c.Filter.Limit = -1 },
+		"older than":   func(c *redriveArgs) { c.Filter.OlderThan = -time.Second },
+		"other scope":  func(c *redriveArgs) { c.Filter.Scope = "other" },
 	} {
 		cfg := good
 		mutate(&cfg)

@@ -3,8 +3,10 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
+	"github.com/effectively-once/effectively/consumer/standby"
 	"github.com/effectively-once/effectively/internal/pgerr"
 )
 
@@ -61,7 +63,7 @@ func (c *Consumer) abandon(ctx context.Context, b *Batch, items []*item, st *Bat
 	st.Err = err
 	st.Fenced = errors.Is(err, ErrFenced)
 	var ce *commitError
-	standby := errors.Is(err, ErrStandbyUnconfirmed) // committed, and may be lost
+	standby := errors.Is(err, standby.ErrUnconfirmed) // committed, and may be lost
 	unknown := errors.As(err, &ce) && ce.kind == commitUnknown || standby
 	for _, it := range items {
 		it.reset()
@@ -108,4 +110,23 @@ func (c *Consumer) abandon(ctx context.Context, b *Batch, items []*item, st *Bat
 		return nil
 	}
 	return err
+}
+
+// awaitStandbys holds a committed batch until its commit is on the
+// standbys (see standby.Config). It returns nil when the batch is to be
+// acknowledged, and an error matching standby.ErrUnconfirmed when it is to
+// be handed back.
+func (c *Consumer) awaitStandbys(ctx context.Context, b *Batch, st *BatchStats) error {
+	t := time.Now()
+	r, err := c.standbys.Wait(ctx)
+	st.Standby = time.Since(t)
+	if err != nil {
+		return err
+	}
+	if r.TimedOut() {
+		st.StandbyUnconfirmed = true
+		c.log.WarnContext(ctx, fmt.Sprintf("batch acknowledged although %d of the %d standbys required confirmed its commit within StandbyAck.Timeout: should the primary now fail over to a standby that lacks the commit, its effects are lost, and a source that deletes acknowledged messages (SQS) does not deliver them again",
+			r.Confirmed, c.cfg.StandbyAck.Standbys), "lane", b.Lane, "size", st.Size, "timeout", c.cfg.StandbyAck.Timeout)
+	}
+	return nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/standby"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
@@ -27,13 +28,13 @@ func TestStandbyAckConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
-		ack   consumer.StandbyAck
+		ack   standby.Config
 		field string
 	}{
-		{consumer.StandbyAck{Standbys: -1}, "StandbyAck.Standbys"},
-		{consumer.StandbyAck{Standbys: 1, Timeout: -time.Second}, "StandbyAck.Timeout"},
-		{consumer.StandbyAck{Timeout: time.Second}, "StandbyAck.Standbys"},
-		{consumer.StandbyAck{Replayed: true}, "StandbyAck.Standbys"},
+		{standby.Config{Standbys: -1}, "StandbyAck.Standbys"},
+		{standby.Config{Standbys: 1, Timeout: -time.Second}, "StandbyAck.Timeout"},
+		{standby.Config{Timeout: time.Second}, "StandbyAck.Standbys"},
+		{standby.Config{Replayed: true}, "StandbyAck.Standbys"},
 	} {
 		_, err := consumer.New(pgtest.NewPool(t), consumertest.New(consumertest.Config{}),
 			consumer.Config{Name: "c", Strategy: strategy, Handler: insertEffect, StandbyAck: tc.ack})
@@ -42,12 +43,12 @@ func TestStandbyAckConfig(t *testing.T) {
 		}
 	}
 	c, err := consumer.New(pgtest.NewPool(t), consumertest.New(consumertest.Config{}),
-		consumer.Config{Name: "c", Strategy: strategy, Handler: insertEffect, StandbyAck: consumer.StandbyAck{Standbys: 1}})
+		consumer.Config{Name: "c", Strategy: strategy, Handler: insertEffect, StandbyAck: standby.Config{Standbys: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := c.Config().StandbyAck.Timeout; got != consumer.DefaultStandbyTimeout {
-		t.Errorf("Timeout defaults to %s, want %s", got, consumer.DefaultStandbyTimeout)
+	if got := c.Config().StandbyAck.Timeout; got != standby.DefaultTimeout {
+		t.Errorf("Timeout defaults to %s, want %s", got, standby.DefaultTimeout)
 	}
 }
 
@@ -61,7 +62,7 @@ func TestStandbyAckNeedsPgMonitor(t *testing.T) {
 	_, _ = rand.Read(b)
 	role := "standby_" + hex.EncodeToString(b)
 	admin := e.pool
-	cfg := consumer.Config{StandbyAck: consumer.StandbyAck{Standbys: 1, Timeout: 10 * time.Millisecond},
+	cfg := consumer.Config{StandbyAck: standby.Config{Standbys: 1, Timeout: 10 * time.Millisecond},
 		Logger: slog.New(slog.DiscardHandler)}
 	consumertest.NewConsumer(t, admin, e.broker, e.config(cfg)) // its tables, made by the owner
 	ident := pgx.Identifier{role}.Sanitize()
@@ -89,8 +90,8 @@ GRANT ALL ON effects TO `+ident); err != nil {
 		t.Fatal(err)
 	}
 	err = c.Run(ctx)
-	if !errors.Is(err, consumer.ErrStandbyPrivilege) || !strings.Contains(err.Error(), "GRANT pg_monitor TO "+ident) {
-		t.Fatalf("Run: %v, want ErrStandbyPrivilege naming the grant", err)
+	if !errors.Is(err, standby.ErrPrivilege) || !strings.Contains(err.Error(), "GRANT pg_monitor TO "+ident) {
+		t.Fatalf("Run: %v, want standby.ErrPrivilege naming the grant", err)
 	}
 	if n := e.effectCounts()["m"]; n != 0 {
 		t.Fatalf("%d effects before the consumer could start, want 0", n)
@@ -152,7 +153,7 @@ func TestStandbyAckTimeoutAcknowledgesUnconfirmed(t *testing.T) {
 			}
 			w := &warnings{}
 			c := e.consumer(consumer.Config{BatchSize: 5, Logger: slog.New(w),
-				StandbyAck: consumer.StandbyAck{Standbys: 1, Timeout: 20 * time.Millisecond}})
+				StandbyAck: standby.Config{Standbys: 1, Timeout: 20 * time.Millisecond}})
 			e.runUntilIdle(c, time.Minute)
 			if got := e.effectCounts(); len(got) != 30 || rowsOf(got) != 30 {
 				t.Fatalf("effects %v, want one of each of 30", got)
@@ -181,7 +182,7 @@ func rowsOf(counts map[string]int) int {
 	return n
 }
 
-// With an asynchronous standby and StandbyAck{Replayed: true}, every batch
+// With an asynchronous standby and StandbyAck: standby.Config{Replayed: true}, every batch
 // is acknowledged only once the standby has replayed its commit: when a
 // batch's BatchDone runs, the standby shows every effect acknowledged so
 // far, and no batch is acknowledged unconfirmed.
@@ -217,25 +218,25 @@ func TestStandbyAckWaitsForTheStandby(t *testing.T) {
 		t.Fatal(err)
 	}
 	scfg.Database = "app"
-	standby, err := pgx.ConnectConfig(ctx, scfg)
+	replica, err := pgx.ConnectConfig(ctx, scfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer standby.Close(context.Background())
+	defer replica.Close(context.Background())
 
 	const n = 400
 	b := consumertest.New(consumertest.Config{Lanes: 4})
 	for i := range n {
 		b.Publish(i, msg(fmt.Sprintf("m-%d", i), "p"))
 	}
-	check := &replicaCheck{conn: standby}
+	check := &replicaCheck{conn: replica}
 	strategy, err := idset.New(idset.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := consumertest.NewConsumer(t, pool, b, consumer.Config{
 		Name: "standby", Strategy: strategy, Handler: insertEffect, BatchSize: 10,
-		StandbyAck: consumer.StandbyAck{Standbys: 1, Replayed: true, Timeout: time.Minute},
+		StandbyAck: standby.Config{Standbys: 1, Replayed: true, Timeout: time.Minute},
 		Hooks:      []consumer.Hook{check}, Logger: consumertest.Logger(),
 	})
 	consumertest.RunUntilIdle(t, c, b, time.Minute)

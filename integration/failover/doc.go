@@ -9,6 +9,8 @@
 // test-patroni) run the same workloads on a pair managed by Patroni, which
 // promotes the standby itself. Its non-test code is the tests' kit and
 // RunKafka, which runs the Kafka workload for any Kafka source
-// (sources/kafka here, sources/franz in its own module); what the tests
-// show is written down in docs/failover.md.
+// (sources/kafka in kafka_test.go, sources/franz in franz_test.go); what
+// the tests show is written down in docs/failover.md. It lives in the
+// integration module, with the Kafka chaos run, because it drives every
+// source of the library (sources/franz is a module of its own).
 package failover

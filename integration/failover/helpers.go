@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/standby"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -335,7 +336,7 @@ func (h *progress) BatchDone(_ context.Context, s *consumer.BatchStats) {
 	if s.StandbyUnconfirmed {
 		h.unconfirmed++
 	}
-	if errors.Is(s.Err, consumer.ErrStandbyUnconfirmed) {
+	if errors.Is(s.Err, standby.ErrUnconfirmed) {
 		h.handedBack++
 	}
 	close(h.changed)

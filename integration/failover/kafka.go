@@ -13,6 +13,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/standby"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/internal/kafkatest"
 	"github.com/effectively-once/effectively/pg"
@@ -25,7 +26,7 @@ import (
 // The invariant workload through a failover with a Kafka source, whose
 // offsets are stored in Postgres in the same transaction as the effects
 // and the markers: RunKafka runs it for any Kafka source of the library
-// (sources/kafka in kafka_test.go, sources/franz in its own module).
+// (sources/kafka in kafka_test.go, sources/franz in franz_test.go).
 
 // KafkaSource is a Kafka source as the runs use it.
 type KafkaSource interface {
@@ -78,7 +79,7 @@ type kafkaRun struct {
 	group     string
 	h         *progress
 	g         *gate
-	ack       consumer.StandbyAck // the consumer's Config.StandbyAck
+	ack       standby.Config // the consumer's Config.StandbyAck
 	newSource NewKafkaSource
 	// failing, while it holds true, fails the handler of message k-0
 	// (partition 0's first) at each attempt.
@@ -220,12 +221,12 @@ WHERE group_id = $1 AND next_offset IS NOT NULL`, k.group).Scan(&n)
 // Synchronous replication with the Kafka source: exactly one effect per
 // message, the consumer going on through the switch.
 func kafkaSynchronousFailover(t *testing.T, newSource NewKafkaSource) {
-	kafkaSynchronous(t, startPair(t, true), newSource, consumer.StandbyAck{})
+	kafkaSynchronous(t, startPair(t, true), newSource, standby.Config{})
 }
 
 // kafkaSynchronous is the synchronous failover's run on the synchronous
 // pair p, with the consumer's Config.StandbyAck set to ack.
-func kafkaSynchronous(t *testing.T, p *pair, newSource NewKafkaSource, ack consumer.StandbyAck) {
+func kafkaSynchronous(t *testing.T, p *pair, newSource NewKafkaSource, ack standby.Config) {
 	k := newKafkaRun(t, p, newSource)
 	k.ack = ack
 	_, r := k.start()

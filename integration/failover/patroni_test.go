@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/standby"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
@@ -73,9 +73,9 @@ func startPatroniPair(t *testing.T, synchronous bool) *pair {
 // mode runs with.
 var patroniRuns = []struct {
 	name string
-	ack  consumer.StandbyAck
+	ack  standby.Config
 }{
-	{"StandbyAck-off", consumer.StandbyAck{}},
+	{"StandbyAck-off", standby.Config{}},
 	{"StandbyAck-on", standbyAck},
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/standby"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/internal/fauxqs"
 	"github.com/effectively-once/effectively/sources/sqs"
@@ -28,7 +29,7 @@ type sqsRun struct {
 	queue string
 	h     *progress
 	g     *gate
-	ack   consumer.StandbyAck // the consumer's Config.StandbyAck
+	ack   standby.Config // the consumer's Config.StandbyAck
 }
 
 // newSQSRun sends the workload: messages 0..N-1 with the idempotency-key
@@ -140,12 +141,12 @@ func (s *sqsRun) waitDrained() {
 // Synchronous replication with the SQS source: exactly one effect per
 // message, the consumer going on through the switch.
 func TestSQSSynchronousFailover(t *testing.T) {
-	sqsSynchronous(t, startPair(t, true), consumer.StandbyAck{})
+	sqsSynchronous(t, startPair(t, true), standby.Config{})
 }
 
 // sqsSynchronous is TestSQSSynchronousFailover's run on the synchronous
 // pair p, with the consumer's Config.StandbyAck set to ack.
-func sqsSynchronous(t *testing.T, p *pair, ack consumer.StandbyAck) {
+func sqsSynchronous(t *testing.T, p *pair, ack standby.Config) {
 	s := newSQSRun(t, p)
 	s.ack = ack
 	r := s.start()

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/standby"
 )
 
 // Asynchronous failovers with consumer.Config.StandbyAck: a batch is
@@ -18,10 +18,10 @@ import (
 // standbyAck is the setting the tests turn on: one standby, and a bound
 // far beyond the test's cut-off, so that no batch is acknowledged
 // unconfirmed while the standby is cut off.
-var standbyAck = consumer.StandbyAck{Standbys: 1, Timeout: time.Minute}
+var standbyAck = standby.Config{Standbys: 1, Timeout: time.Minute}
 
 // concurrency is the consumers' Config.Concurrency (the default).
-const concurrency = consumer.DefaultConcurrency
+const concurrency = 4 // Config.Concurrency's default
 
 // SQS deletes a message once acknowledged. Off: the messages of the
 // commits the promoted standby lacks were deleted and are never applied.

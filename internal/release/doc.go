@@ -4,8 +4,8 @@
 //	go run . prepare [-root DIR] VERSION
 //
 // rewrites, in place, the go.mod of every module that is released with the
-// core (every module of go.work outside examples/, bench/ and internal/):
-// each requirement of a module of this repository names VERSION, the
+// core (every module of go.work outside examples/, bench/, integration/ and
+// internal/): each requirement of a module of this repository names VERSION, the
 // replace directives that point at this tree are dropped, and go.sum gains
 // the hashes of those modules at VERSION, computed from the tree's tracked
 // files as the module proxy will compute them from the tags. It then prints the tags to make.

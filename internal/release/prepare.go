@@ -150,7 +150,7 @@ func dependencyOrder(root string, mods []repoModule, byPath map[string]repoModul
 		}
 		for _, p := range req {
 			if !byPath[p].Released {
-				return nil, fmt.Errorf("%s requires %s, which is not released (it is under examples/, bench/ or internal/)", m.Path, p)
+				return nil, fmt.Errorf("%s requires %s, which is not released (it is under examples/, bench/, integration/ or internal/)", m.Path, p)
 			}
 		}
 		deps[m.Path] = req

@@ -141,8 +141,8 @@ func envValue(env []string, key string) string {
 	return ""
 }
 
-// TestReleased: the modules under examples/, bench/ and internal/ are never
-// tagged; every other module of the workspace is.
+// TestReleased: the modules under examples/, bench/, integration/ and
+// internal/ are never tagged; every other module of the workspace is.
 func TestReleased(t *testing.T) {
 	for dir, want := range map[string]bool{
 		".":                   true,
@@ -154,6 +154,7 @@ func TestReleased(t *testing.T) {
 		"examples/metrics":    false,
 		"bench":               false,
 		"internal/chaos":      false,
+		"integration":         false,
 		"sources/x/internal":  false,
 		"benchmarks":          true,
 		"examplesque/library": true,

@@ -26,9 +26,10 @@ type repoModule struct {
 }
 
 // unreleasedDirs name the directories whose modules are never tagged: the
-// examples, the benchmarks and the test harnesses under internal/, which
-// are never installed at a version.
-var unreleasedDirs = []string{"examples", "bench", "internal"}
+// examples, the benchmarks, the integration suites (the failover runs and
+// the Kafka chaos run) and the tools under internal/, which are never
+// installed at a version.
+var unreleasedDirs = []string{"examples", "bench", "integration", "internal"}
 
 // released says whether the module in dir (slash-separated, relative to
 // the root) is tagged with the core: whether no element of dir is one of

@@ -26,6 +26,7 @@ import (
 	"github.com/effectively-once/effectively/bench"
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/consumertest"
+	"github.com/effectively-once/effectively/consumer/standby"
 	"github.com/effectively-once/effectively/dedupe/idset"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5"
@@ -35,13 +36,13 @@ import (
 type mode struct {
 	name string
 	sync bool
-	ack  consumer.StandbyAck
+	ack  standby.Config
 }
 
 var modes = []mode{
 	{name: "asynchronous, StandbyAck off"},
-	{name: "asynchronous, StandbyAck 1 standby flushed", ack: consumer.StandbyAck{Standbys: 1, Timeout: time.Minute}},
-	{name: "asynchronous, StandbyAck 1 standby replayed", ack: consumer.StandbyAck{Standbys: 1, Replayed: true, Timeout: time.Minute}},
+	{name: "asynchronous, StandbyAck 1 standby flushed", ack: standby.Config{Standbys: 1, Timeout: time.Minute}},
+	{name: "asynchronous, StandbyAck 1 standby replayed", ack: standby.Config{Standbys: 1, Replayed: true, Timeout: time.Minute}},
 	{name: "synchronous (synchronous_commit = on), StandbyAck off", sync: true},
 }
 

@@ -1,4 +1,10 @@
-package consumer
+// Package standby holds a consumer's batches, after their COMMIT, until
+// the commit is on enough of the primary's streaming standbys, so that a
+// failover to an asynchronous standby loses nothing that was acknowledged
+// (consumer.Config.StandbyAck; see docs/failover.md). One Poller serves
+// every waiting batch of a consumer, with one query per poll whatever the
+// number of lanes waiting.
+package standby
 
 import (
 	"context"
@@ -13,7 +19,7 @@ import (
 	"github.com/effectively-once/effectively/pg"
 )
 
-// StandbyAck makes the consumer acknowledge a batch to its source only once
+// Config makes the consumer acknowledge a batch to its source only once
 // the batch's commit is on enough standbys, so that a failover to an
 // asynchronous standby loses nothing that was acknowledged (see
 // docs/failover.md). The zero value leaves it off.
@@ -24,7 +30,7 @@ import (
 // whatever the number of lanes waiting, and no round trip per message or
 // per batch. The consumer's role must be able to read the standbys'
 // positions there (a superuser, or a member of pg_monitor or
-// pg_read_all_stats): Run refuses to start otherwise.
+// pg_read_all_stats): the consumer's Run refuses to start otherwise.
 //
 // A batch's commit position is taken as the primary's WAL flush position
 // read after its COMMIT returned (the commit flushed its record before
@@ -35,13 +41,13 @@ import (
 //
 // A batch whose commit no standby confirms within Timeout, while the
 // primary answers, is acknowledged anyway, logged at WARN and counted
-// (BatchStats.StandbyUnconfirmed): a failover now could lose it. A batch
+// (consumer.BatchStats.StandbyUnconfirmed): a failover now could lose it. A batch
 // that cannot be confirmed because the primary changed while it waited (a
 // failover, or a restart) or could not be asked until Timeout is handed
-// back to the source unacknowledged (BatchStats.Err matches
-// ErrStandbyUnconfirmed): it is delivered again, a duplicate if its commit
+// back to the source unacknowledged (consumer.BatchStats.Err matches
+// ErrUnconfirmed): it is delivered again, a duplicate if its commit
 // survived.
-type StandbyAck struct {
+type Config struct {
 	// Standbys is how many standbys must hold a batch's commit before the
 	// batch is acknowledged. Only standbys streaming from the primary
 	// count (a cascaded standby counts through the one it streams from),
@@ -54,25 +60,25 @@ type StandbyAck struct {
 	// promotion keeps. Defaults to false: flushed.
 	Replayed bool
 	// Timeout bounds the wait of one batch. Defaults to 10s
-	// (DefaultStandbyTimeout).
+	// (DefaultTimeout).
 	Timeout time.Duration
 }
 
-// DefaultStandbyTimeout is the default of StandbyAck.Timeout.
-const DefaultStandbyTimeout = 10 * time.Second
+// DefaultTimeout is the default of Config.Timeout.
+const DefaultTimeout = 10 * time.Second
 
-// ErrStandbyUnconfirmed is matched by BatchStats.Err of a batch that
+// ErrUnconfirmed is matched by consumer.BatchStats.Err of a batch that
 // committed but was handed back to its source unacknowledged, because no
 // standby could confirm its commit: the primary changed while the batch
 // waited (a failover or a restart), or could not be asked within
-// StandbyAck.Timeout. Its messages are delivered again: duplicates if the
+// Config.Timeout. Its messages are delivered again: duplicates if the
 // commit survived, applied again if it was lost.
-var ErrStandbyUnconfirmed = errors.New("consumer: commit not confirmed by the standbys; batch handed back to the source")
+var ErrUnconfirmed = errors.New("consumer: commit not confirmed by the standbys; batch handed back to the source")
 
-// ErrStandbyPrivilege is matched by the error Run returns when
-// StandbyAck is on and the consumer's role cannot read the standbys'
+// ErrPrivilege is matched by the error consumer.Consumer.Run returns when
+// Config is on and the consumer's role cannot read the standbys'
 // positions in pg_stat_replication.
-var ErrStandbyPrivilege = errors.New("consumer: StandbyAck needs to read pg_stat_replication")
+var ErrPrivilege = errors.New("consumer: StandbyAck needs to read pg_stat_replication")
 
 // Polling: the first poll for a newly waiting batch is sent at once when
 // the poller is idle; while batches wait, polls follow each other after
@@ -126,13 +132,20 @@ const (
 	standbyUnreachable                // no answer until Timeout: handed back
 )
 
-type standbyResult struct {
-	verdict   standbyVerdict
-	confirmed int // standbys past the commit at the last poll
+// Result is how one batch's wait ended.
+type Result struct {
+	verdict standbyVerdict
+	// Confirmed is how many standbys were past the commit at the last
+	// poll.
+	Confirmed int
 	target    uint64
 	was, is   serverID
 	lastErr   error
 }
+
+// TimedOut reports whether the batch is acknowledged although fewer
+// standbys than required confirmed its commit within Config.Timeout.
+func (r Result) TimedOut() bool { return r.verdict == standbyTimedOut }
 
 // standbyWait is one batch waiting.
 type standbyWait struct {
@@ -140,13 +153,14 @@ type standbyWait struct {
 	target   uint64   // 0 until a poll after the commit read the insert position
 	on       serverID // the server target was read on
 	deadline time.Time
-	done     chan standbyResult
+	done     chan Result
 }
 
-// standbys is the poller shared by a consumer's batches.
-type standbys struct {
+// Poller is the poller shared by a consumer's batches: Wait holds one
+// batch, after its COMMIT returned, until the commit is on the standbys.
+type Poller struct {
 	db  pg.DB
-	cfg StandbyAck
+	cfg Config
 	sql string
 
 	// insert takes the primary's insert position for a batch's target,
@@ -161,14 +175,16 @@ type standbys struct {
 	polling bool     // the poller goroutine runs
 }
 
-func newStandbys(db pg.DB, cfg StandbyAck) *standbys {
+// New returns the Poller of a consumer whose Config is cfg (Standbys > 0,
+// Timeout set).
+func New(db pg.DB, cfg Config) *Poller {
 	col := "flush_lsn"
 	if cfg.Replayed {
 		col = "replay_lsn"
 	}
 	// Logical replication clients (a log-based outbox relay, say) stream
 	// from the primary too, and report positions, but are no standbys.
-	return &standbys{db: db, cfg: cfg, sql: `SELECT l::text, pg_current_wal_flush_lsn()::text, pg_walfile_name(l), pg_postmaster_start_time(),
+	return &Poller{db: db, cfg: cfg, sql: `SELECT l::text, pg_current_wal_flush_lsn()::text, pg_walfile_name(l), pg_postmaster_start_time(),
   ARRAY(SELECT r.` + col + `::text FROM pg_stat_replication AS r
         WHERE r.` + col + ` IS NOT NULL AND r.state <> 'backup'
           AND r.pid NOT IN (SELECT s.active_pid FROM pg_replication_slots AS s
@@ -177,7 +193,7 @@ FROM pg_current_wal_insert_lsn() AS l`}
 }
 
 // poll reads the primary's insert position and its standbys' positions.
-func (s *standbys) poll(ctx context.Context) (*standbyPoll, error) {
+func (s *Poller) poll(ctx context.Context) (*standbyPoll, error) {
 	ctx, cancel := context.WithTimeout(ctx, standbyPollTimeout)
 	defer cancel()
 	var insert, flush, walfile string
@@ -215,10 +231,10 @@ func parseLSN(s string) (uint64, error) {
 	return h<<32 | l, nil
 }
 
-// check runs at start-up: the role must see the standbys' positions, and
+// Check runs at start-up: the role must see the standbys' positions, and
 // the first poll learns which server is the primary. It warns when fewer
 // standbys than required stream now.
-func (s *standbys) check(ctx context.Context, log *slog.Logger) error {
+func (s *Poller) Check(ctx context.Context, log *slog.Logger) error {
 	var allowed bool
 	var role, syncCommit string
 	err := s.db.QueryRow(ctx, `SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE'), current_user, current_setting('synchronous_commit')`).Scan(&allowed, &role, &syncCommit)
@@ -228,7 +244,7 @@ func (s *standbys) check(ctx context.Context, log *slog.Logger) error {
 	s.insert = syncCommit == "off"
 	if !allowed {
 		return fmt.Errorf("%w: PostgreSQL shows the standbys' positions only to superusers and roles with the privileges of pg_read_all_stats, and role %q has neither (its standbys would look absent, and every batch would wait for StandbyAck.Timeout): GRANT pg_monitor TO %s (or pg_read_all_stats)",
-			ErrStandbyPrivilege, role, quoteIdent(role))
+			ErrPrivilege, role, quoteIdent(role))
 	}
 	p, err := s.poll(ctx)
 	if err != nil {
@@ -248,12 +264,13 @@ func (s *standbys) check(ctx context.Context, log *slog.Logger) error {
 
 func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 
-// wait blocks until the commit that returned just before it was called
-// is on enough standbys, or the wait ends otherwise (see StandbyAck). It
-// returns nil when the batch is to be acknowledged, and an error matching
-// ErrStandbyUnconfirmed when it is to be handed back.
-func (s *standbys) wait(ctx context.Context) (standbyResult, error) {
-	w := &standbyWait{deadline: time.Now().Add(s.cfg.Timeout), done: make(chan standbyResult, 1)}
+// Wait blocks until the commit that returned just before it was called
+// is on enough standbys, or the wait ends otherwise (see Config). It
+// returns nil when the batch is to be acknowledged (Result.TimedOut says
+// whether unconfirmed), and an error matching ErrUnconfirmed when it is to
+// be handed back.
+func (s *Poller) Wait(ctx context.Context) (Result, error) {
+	w := &standbyWait{deadline: time.Now().Add(s.cfg.Timeout), done: make(chan Result, 1)}
 	s.mu.Lock()
 	w.since = s.server
 	s.waiting = append(s.waiting, w)
@@ -266,9 +283,9 @@ func (s *standbys) wait(ctx context.Context) (standbyResult, error) {
 	case r := <-w.done:
 		switch r.verdict {
 		case standbyChanged:
-			return r, fmt.Errorf("%w: the primary changed while the batch waited (was %s, now %s)", ErrStandbyUnconfirmed, r.was, r.is)
+			return r, fmt.Errorf("%w: the primary changed while the batch waited (was %s, now %s)", ErrUnconfirmed, r.was, r.is)
 		case standbyUnreachable:
-			return r, fmt.Errorf("%w: the primary could not be asked within %s: %w", ErrStandbyUnconfirmed, s.cfg.Timeout, r.lastErr)
+			return r, fmt.Errorf("%w: the primary could not be asked within %s: %w", ErrUnconfirmed, s.cfg.Timeout, r.lastErr)
 		}
 		return r, nil
 	case <-ctx.Done():
@@ -282,12 +299,12 @@ func (s *standbys) wait(ctx context.Context) (standbyResult, error) {
 			}
 		default:
 		}
-		return standbyResult{}, fmt.Errorf("%w: %w", ErrStandbyUnconfirmed, ctx.Err())
+		return Result{}, fmt.Errorf("%w: %w", ErrUnconfirmed, ctx.Err())
 	}
 }
 
 // remove drops w from the waiting batches. s.mu is held.
-func (s *standbys) remove(w *standbyWait) {
+func (s *Poller) remove(w *standbyWait) {
 	for i, x := range s.waiting {
 		if x == w {
 			s.waiting = append(s.waiting[:i], s.waiting[i+1:]...)
@@ -297,7 +314,7 @@ func (s *standbys) remove(w *standbyWait) {
 }
 
 // run polls while batches wait, then returns.
-func (s *standbys) run() {
+func (s *Poller) run() {
 	delay := standbyPollMin
 	for {
 		s.mu.Lock()
@@ -326,7 +343,7 @@ func (s *standbys) run() {
 
 // decide settles the waits of batch that the poll p (or its failure err)
 // decides, and returns how many it confirmed.
-func (s *standbys) decide(batch []*standbyWait, p *standbyPoll, err error, now time.Time) int {
+func (s *Poller) decide(batch []*standbyWait, p *standbyPoll, err error, now time.Time) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lastErr = err
@@ -349,8 +366,8 @@ func (s *standbys) decide(batch []*standbyWait, p *standbyPoll, err error, now t
 }
 
 // judge decides w's wait from one poll, if the poll decides it.
-func (s *standbys) judge(w *standbyWait, p *standbyPoll, err error, now time.Time) (standbyResult, bool) {
-	r := standbyResult{target: w.target, lastErr: err}
+func (s *Poller) judge(w *standbyWait, p *standbyPoll, err error, now time.Time) (Result, bool) {
+	r := Result{target: w.target, lastErr: err}
 	if err == nil {
 		switch {
 		case w.target == 0 && p.id != w.since:
@@ -375,8 +392,8 @@ func (s *standbys) judge(w *standbyWait, p *standbyPoll, err error, now time.Tim
 			r.verdict, r.was, r.is = standbyChanged, w.on, p.id
 			return r, true
 		}
-		r.confirmed = p.confirming(w.target)
-		if r.confirmed >= s.cfg.Standbys {
+		r.Confirmed = p.confirming(w.target)
+		if r.Confirmed >= s.cfg.Standbys {
 			r.verdict = standbyConfirmed
 			return r, true
 		}
@@ -393,23 +410,4 @@ func (s *standbys) judge(w *standbyWait, p *standbyPoll, err error, now time.Tim
 		}
 	}
 	return r, true
-}
-
-// awaitStandbys holds a committed batch until its commit is on the
-// standbys (see StandbyAck). It returns nil when the batch is to be
-// acknowledged, and an error matching ErrStandbyUnconfirmed when it is to
-// be handed back.
-func (c *Consumer) awaitStandbys(ctx context.Context, b *Batch, st *BatchStats) error {
-	t := time.Now()
-	r, err := c.standbys.wait(ctx)
-	st.Standby = time.Since(t)
-	if err != nil {
-		return err
-	}
-	if r.verdict == standbyTimedOut {
-		st.StandbyUnconfirmed = true
-		c.log.WarnContext(ctx, fmt.Sprintf("batch acknowledged although %d of the %d standbys required confirmed its commit within StandbyAck.Timeout: should the primary now fail over to a standby that lacks the commit, its effects are lost, and a source that deletes acknowledged messages (SQS) does not deliver them again",
-			r.confirmed, c.cfg.StandbyAck.Standbys), "lane", b.Lane, "size", st.Size, "timeout", c.cfg.StandbyAck.Timeout)
-	}
-	return nil
 }
