@@ -8,6 +8,7 @@ import (
 
 	"github.com/effectively-once/effectively/consumer/internal/merge"
 	"github.com/effectively-once/effectively/dedupe"
+	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -15,11 +16,13 @@ import (
 //
 //	keys     deriveKeys (keys.go): every message's key, or why it has none
 //	passes   decide (this file): passes over the batch until one commits;
-//	         each pass runs, once each:
+//	         each pass begins its transaction (this file) and runs, once
+//	         each:
 //	  admit    (order.go) what may run now; the ordering decision
 //	  claim    (claim.go) the strategy's verdicts; duplicates settle here
 //	  handle   (handle.go) fast, or under savepoints (isolate.go)
-//	  commit   (commit.go) parked rows, the source's state, COMMIT
+//	  commit   (commit.go) parked rows, the source's state, COMMIT, and
+//	           the strategy told what committed
 //	settle   (settle.go) acknowledge or hand back, count, report
 //
 // A pass that a handler failure ends is rolled back; the next pass knows
@@ -204,6 +207,35 @@ func (c *Consumer) pass(ctx context.Context, b *Batch, items []*item, st *BatchS
 		}
 	}
 	return c.blameIdle(tx, idle, c.commit(ctx, tx, b, items, st))
+}
+
+// idleSQL is what every batch transaction runs after BEGIN, in the same
+// simple-protocol round trip: with a positive IdleTxTimeout it sets
+// idle_in_transaction_session_timeout for the transaction.
+func idleSQL(idle time.Duration) string {
+	if idle <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", max(idle.Milliseconds(), 1))
+}
+
+// begin starts a batch transaction, bounded by IdleTxTimeout.
+func (c *Consumer) begin(ctx context.Context) (pgx.Tx, error) {
+	if c.idleSQL == "" {
+		return c.db.Begin(ctx)
+	}
+	if b := pg.Beginner(c.db); b != nil {
+		return b.BeginTx(ctx, pgx.TxOptions{BeginQuery: "BEGIN; " + c.idleSQL})
+	}
+	tx, err := c.db.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, c.idleSQL); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return tx, nil
 }
 
 // blameIdle turns err, when tx's connection was lost after handlers in

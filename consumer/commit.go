@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/internal/pgerr"
-	"github.com/effectively-once/effectively/pg"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -182,35 +182,6 @@ func connLost(tx pgx.Tx, err error, took, idle time.Duration) error {
 	return nil
 }
 
-// idleSQL is what every batch transaction runs after BEGIN, in the same
-// simple-protocol round trip: with a positive IdleTxTimeout it sets
-// idle_in_transaction_session_timeout for the transaction.
-func idleSQL(idle time.Duration) string {
-	if idle <= 0 {
-		return ""
-	}
-	return fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", max(idle.Milliseconds(), 1))
-}
-
-// begin starts a batch transaction, bounded by IdleTxTimeout.
-func (c *Consumer) begin(ctx context.Context) (pgx.Tx, error) {
-	if c.idleSQL == "" {
-		return c.db.Begin(ctx)
-	}
-	if b := pg.Beginner(c.db); b != nil {
-		return b.BeginTx(ctx, pgx.TxOptions{BeginQuery: "BEGIN; " + c.idleSQL})
-	}
-	tx, err := c.db.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := tx.Exec(ctx, c.idleSQL); err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	return tx, nil
-}
-
 // IdleTxError is the failure recorded for a message whose handler call
 // lasted longer than Config.IdleTxTimeout when the batch then lost its
 // connection before its commit: the server most likely ended the session
@@ -260,4 +231,21 @@ func (c *Consumer) commit(ctx context.Context, tx pgx.Tx, b *Batch, items []*ite
 		c.committedItems(items)
 	}
 	return nil
+}
+
+// committedItems tells the strategy which verdicts of items committed.
+func (c *Consumer) committedItems(items []*item) {
+	if c.committer == nil {
+		return
+	}
+	keys := make([]dedupe.Key, 0, len(items))
+	verdicts := make([]dedupe.Verdict, 0, len(items))
+	for _, it := range items {
+		if it.verdict == 0 || it.verdict == dedupe.VerdictGap || it.outcome == OutcomeRetried {
+			continue
+		}
+		keys = append(keys, it.key)
+		verdicts = append(verdicts, it.verdict)
+	}
+	c.committed(keys, verdicts)
 }

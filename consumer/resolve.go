@@ -132,20 +132,3 @@ func (c *Consumer) probeOnce(ctx context.Context, keys []dedupe.Key) (bool, erro
 func (c *Consumer) resolveTimeout() time.Duration {
 	return max(resolveMinTimeout, 2*c.idleTx)
 }
-
-// committedItems tells the strategy which verdicts of items committed.
-func (c *Consumer) committedItems(items []*item) {
-	if c.committer == nil {
-		return
-	}
-	keys := make([]dedupe.Key, 0, len(items))
-	verdicts := make([]dedupe.Verdict, 0, len(items))
-	for _, it := range items {
-		if it.verdict == 0 || it.verdict == dedupe.VerdictGap || it.outcome == OutcomeRetried {
-			continue
-		}
-		keys = append(keys, it.key)
-		verdicts = append(verdicts, it.verdict)
-	}
-	c.committed(keys, verdicts)
-}
