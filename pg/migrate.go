@@ -76,7 +76,7 @@ func (l Line) Render(schema string) ([]Migration, error) {
 	}
 	entries, err := fs.ReadDir(l.FS, ".")
 	if err != nil {
-		return nil, fmt.Errorf("dedupe: reading migrations of %s: %w", l.Name, err)
+		return nil, fmt.Errorf("pg: reading migrations of %s: %w", l.Name, err)
 	}
 	idents := map[string]string{"schema": schema}
 	for k, v := range l.Idents {
@@ -104,7 +104,7 @@ func (l Line) Render(schema string) ([]Migration, error) {
 			return pgx.Identifier{id}.Sanitize()
 		})
 		if missing != "" {
-			return nil, fmt.Errorf("dedupe: migration %s/%s uses unknown placeholder {{%s}}", l.Name, e.Name(), missing)
+			return nil, fmt.Errorf("pg: migration %s/%s uses unknown placeholder {{%s}}", l.Name, e.Name(), missing)
 		}
 		out = append(out, Migration{Line: l.Name, Version: v, Name: m[2], SQL: text})
 	}
@@ -117,14 +117,14 @@ func (l Line) Render(schema string) ([]Migration, error) {
 // server, and refusing it now would strand the tables made with it.
 func (l Line) checkNames(schema string) error {
 	if err := printable(l.Name); err != nil {
-		return fmt.Errorf("dedupe: migration line name: %w", err)
+		return fmt.Errorf("pg: migration line name: %w", err)
 	}
 	if err := printable(schema); err != nil {
-		return fmt.Errorf("dedupe: migration line %s: schema: %w", l.Name, err)
+		return fmt.Errorf("pg: migration line %s: schema: %w", l.Name, err)
 	}
 	for _, k := range slices.Sorted(maps.Keys(l.Idents)) {
 		if err := printable(l.Idents[k]); err != nil {
-			return fmt.Errorf("dedupe: migration line %s: {{%s}}: %w", l.Name, k, err)
+			return fmt.Errorf("pg: migration line %s: {{%s}}: %w", l.Name, k, err)
 		}
 	}
 	return nil
@@ -161,10 +161,10 @@ func Migrate(ctx context.Context, db DB, schema string, lines ...Line) ([]Migrat
 	}
 	p, err := CheckPooling(ctx, db)
 	if err != nil {
-		return nil, fmt.Errorf("dedupe: migrate: %w", err)
+		return nil, fmt.Errorf("pg: migrate: %w", err)
 	}
 	if err := p.Err(); err != nil {
-		return nil, fmt.Errorf("dedupe: migrate: %w", err)
+		return nil, fmt.Errorf("pg: migrate: %w", err)
 	}
 	for attempt := 1; ; attempt++ {
 		applied, err := migrateOnce(ctx, db, schema, lines)
@@ -194,14 +194,14 @@ func catalogRace(err error) bool {
 func migrateOnce(ctx context.Context, db DB, schema string, lines []Line) ([]Migration, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("dedupe: migrate: %w", err)
+		return nil, fmt.Errorf("pg: migrate: %w", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('effectively.migrate'))`); err != nil {
-		return nil, fmt.Errorf("dedupe: migrate: lock: %w", err)
+		return nil, fmt.Errorf("pg: migrate: lock: %w", err)
 	}
 	if _, err := tx.Exec(ctx, preamble(schema)); err != nil {
-		return nil, fmt.Errorf("dedupe: migrate: %w", err)
+		return nil, fmt.Errorf("pg: migrate: %w", err)
 	}
 	table := pgx.Identifier{schema, "schema_migrations"}.Sanitize()
 	var applied []Migration
@@ -212,28 +212,28 @@ func migrateOnce(ctx context.Context, db DB, schema string, lines []Line) ([]Mig
 		}
 		if own := l.Idents["schema"]; own != "" && own != schema {
 			if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{own}.Sanitize()); err != nil {
-				return nil, fmt.Errorf("dedupe: migrate: %w", err)
+				return nil, fmt.Errorf("pg: migrate: %w", err)
 			}
 		}
 		var current int
 		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+table+` WHERE line = $1`, l.Name).Scan(&current); err != nil {
-			return nil, fmt.Errorf("dedupe: migrate: %w", err)
+			return nil, fmt.Errorf("pg: migrate: %w", err)
 		}
 		for _, m := range ms {
 			if m.Version <= current {
 				continue
 			}
 			if _, err := tx.Exec(ctx, m.SQL); err != nil {
-				return nil, fmt.Errorf("dedupe: migration %s %03d_%s: %w", m.Line, m.Version, m.Name, err)
+				return nil, fmt.Errorf("pg: migration %s %03d_%s: %w", m.Line, m.Version, m.Name, err)
 			}
 			if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (line, version, name) VALUES ($1, $2, $3)`, m.Line, m.Version, m.Name); err != nil {
-				return nil, fmt.Errorf("dedupe: migrate: %w", err)
+				return nil, fmt.Errorf("pg: migrate: %w", err)
 			}
 			applied = append(applied, m)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("dedupe: migrate: commit: %w", err)
+		return nil, fmt.Errorf("pg: migrate: commit: %w", err)
 	}
 	return applied, nil
 }
@@ -250,24 +250,24 @@ func PendingMigrations(ctx context.Context, db DB, schema string, lines ...Line)
 	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("dedupe: pending migrations: %w", err)
+		return nil, fmt.Errorf("pg: pending migrations: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	table := pgx.Identifier{schema, "schema_migrations"}.Sanitize()
 	var exists bool
 	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists); err != nil {
-		return nil, fmt.Errorf("dedupe: pending migrations: %w", err)
+		return nil, fmt.Errorf("pg: pending migrations: %w", err)
 	}
 	current := map[string]int{}
 	if exists {
 		rows, err := tx.Query(ctx, `SELECT line, max(version) FROM `+table+` GROUP BY line`)
 		if err != nil {
-			return nil, fmt.Errorf("dedupe: pending migrations: %w", err)
+			return nil, fmt.Errorf("pg: pending migrations: %w", err)
 		}
 		var l string
 		var v int
 		if _, err := pgx.ForEachRow(rows, []any{&l, &v}, func() error { current[l] = v; return nil }); err != nil {
-			return nil, fmt.Errorf("dedupe: pending migrations: %w", err)
+			return nil, fmt.Errorf("pg: pending migrations: %w", err)
 		}
 	}
 	var out []Migration

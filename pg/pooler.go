@@ -76,7 +76,7 @@ func CheckPooling(ctx context.Context, db DB) (Pooling, error) {
 	var p Pooling
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return p, fmt.Errorf("dedupe: checking for a pooler: %w", err)
+		return p, fmt.Errorf("pg: checking for a pooler: %w", err)
 	}
 	conn := tx.Conn()
 	p.ExecMode = conn.Config().DefaultQueryExecMode
@@ -85,7 +85,7 @@ func CheckPooling(ctx context.Context, db DB) (Pooling, error) {
 	err = tx.QueryRow(ctx, `SELECT pg_backend_pid()`, pgx.QueryExecModeSimpleProtocol).Scan(&server)
 	_ = tx.Rollback(context.WithoutCancel(ctx))
 	if err != nil {
-		return p, fmt.Errorf("dedupe: checking for a pooler: %w", err)
+		return p, fmt.Errorf("pg: checking for a pooler: %w", err)
 	}
 	p.Pooler = told != server
 	pool := Pool(db)
@@ -95,7 +95,7 @@ func CheckPooling(ctx context.Context, db DB) (Pooling, error) {
 	for range probeRounds {
 		shared, err := sharesServer(ctx, pool)
 		if err != nil {
-			return p, fmt.Errorf("dedupe: checking the pooler's mode: %w", err)
+			return p, fmt.Errorf("pg: checking the pooler's mode: %w", err)
 		}
 		if shared {
 			p.Transaction = true
