@@ -170,16 +170,16 @@ func (p *pair) cutOff(h *progress, g *gate) (cut int, before map[string]int) {
 
 // cutOffUnacknowledged is cutOff for a consumer with StandbyAck on, which
 // acknowledges nothing the standby lacks: it holds the consumer until
-// every one of its concurrency workers waits in a handler (so no batch
-// waits for the standby), lets the standby catch up and cuts it off, then
-// lets the consumer commit at least a batch's worth of effects on the
-// primary alone, and holds its handlers again. It returns how many messages were
+// every batch in flight waits in a handler (so no batch waits for the
+// standby), lets the standby catch up and cuts it off, then lets the
+// consumer commit at least a batch's worth of effects on the primary
+// alone, and holds its handlers again. It returns how many messages were
 // applied (acknowledged) at the cut, and the primary's effects at the
 // end. Without StandbyAck, the batches committed after the cut are
 // acknowledged as they commit.
-func (p *pair) cutOffUnacknowledged(h *progress, g *gate, concurrency int) (cut int, before map[string]int) {
+func (p *pair) cutOffUnacknowledged(h *progress, g *gate) (cut int, before map[string]int) {
 	p.t.Helper()
-	g.holdAll(p.t, concurrency)
+	g.holdAll(p.t, h)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := p.s.catchUp(ctx); err != nil {
@@ -317,14 +317,27 @@ type progress struct {
 	// unconfirmed counts the batches acknowledged unconfirmed by
 	// StandbyAck's standbys, handedBack those it handed back.
 	unconfirmed, handedBack int
-	changed                 chan struct{}
+	// started and done count the batches begun and reported: the
+	// difference is the batches in flight.
+	started, done int
+	changed       chan struct{}
 }
 
 func newProgress() *progress { return &progress{changed: make(chan struct{})} }
 
+func (h *progress) BatchStart(ctx context.Context, _ consumer.BatchInfo) context.Context {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.started++
+	close(h.changed)
+	h.changed = make(chan struct{})
+	return ctx
+}
+
 func (h *progress) BatchDone(_ context.Context, s *consumer.BatchStats) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.done++
 	h.applied += s.Applied
 	h.unknown += s.Unknown
 	if s.Err != nil {
@@ -393,10 +406,13 @@ func (g *gate) count(d int) {
 	g.moved = make(chan struct{})
 }
 
-// holdAll makes the handlers wait, and returns once n of them wait at the
-// gate: with n the consumer's Concurrency, every batch in flight is then
-// in its handlers, none committing or waiting to be acknowledged.
-func (g *gate) holdAll(t *testing.T, n int) {
+// holdAll makes the handlers wait, and returns once every batch in flight
+// (begun and not yet reported, as h counts them) waits at the gate, and at
+// least one does: none is then committing or waiting to be acknowledged.
+// A lane whose messages have all been consumed has no batch in flight, so
+// the number that wait is not known in advance: with the consumer's
+// Concurrency, at most that many.
+func (g *gate) holdAll(t *testing.T, h *progress) {
 	t.Helper()
 	g.arm()
 	timeout := time.After(time.Minute)
@@ -404,13 +420,17 @@ func (g *gate) holdAll(t *testing.T, n int) {
 		g.mu.Lock()
 		waiting, moved := g.waiting, g.moved
 		g.mu.Unlock()
-		if waiting >= n {
+		h.mu.Lock()
+		inFlight, changed := h.started-h.done, h.changed
+		h.mu.Unlock()
+		if waiting > 0 && waiting == inFlight {
 			return
 		}
 		select {
 		case <-moved:
+		case <-changed:
 		case <-timeout:
-			t.Fatalf("%d handlers at the gate after a minute, want %d", waiting, n)
+			t.Fatalf("after a minute %d handlers wait at the gate and %d batches are in flight, want all of them there", waiting, inFlight)
 		}
 	}
 }

@@ -20,9 +20,6 @@ import (
 // unconfirmed while the standby is cut off.
 var standbyAck = standby.Config{Standbys: 1, Timeout: time.Minute}
 
-// concurrency is the consumers' Config.Concurrency (the default).
-const concurrency = 4 // Config.Concurrency's default
-
 // SQS deletes a message once acknowledged. Off: the messages of the
 // commits the promoted standby lacks were deleted and are never applied.
 // On: none of those commits was acknowledged; the batches waiting for the
@@ -46,7 +43,7 @@ func sqsAsynchronousStandbyAck(t *testing.T, p *pair, on bool) {
 	r := s.start()
 
 	s.h.waitApplied(t, messages/4)
-	cut, before := p.cutOffUnacknowledged(s.h, s.g, concurrency)
+	cut, before := p.cutOffUnacknowledged(s.h, s.g)
 	ackedAlone, _, _ := s.h.counts()
 	ackedAlone -= cut
 	promoted := p.killAndPromote(s.g)
@@ -110,7 +107,7 @@ func kafkaAsynchronousStandbyAck(t *testing.T, p *pair, on bool) {
 
 	k.h.waitApplied(t, messages/4)
 	k.waitStored()
-	cut, before := p.cutOffUnacknowledged(k.h, k.g, min(concurrency, partitions)) // a lane per partition
+	cut, before := p.cutOffUnacknowledged(k.h, k.g)
 	ackedAlone, _, _ := k.h.counts()
 	ackedAlone -= cut
 	promoted := p.killAndPromote(k.g)
