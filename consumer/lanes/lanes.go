@@ -363,9 +363,14 @@ func (s *Lanes) take(l *laneQueue, limit int, now time.Time) *consumer.Batch {
 		b.Messages = append(b.Messages, f.m)
 		l.seqs = append(l.seqs, f.seq)
 	}
-	rest := copy(l.fresh, l.fresh[n:])
-	clear(l.fresh[rest:])
-	l.fresh = l.fresh[:rest]
+	// Drop the taken slots from the front without moving the rest (a
+	// copy per batch would cost the whole buffer each time); append
+	// moves only what is left once the array is used up.
+	clear(l.fresh[:n])
+	l.fresh = l.fresh[n:]
+	if len(l.fresh) == 0 {
+		l.fresh = nil
+	}
 	s.fresh -= n
 	l.inFlight = b
 	delete(s.waiting, l)
