@@ -265,6 +265,16 @@ func TestRedriveFiltersAndBatchHandler(t *testing.T) {
 		}
 		return f.handle(ctx, tx, msgs[0])
 	}
+	// The store's filter selects by source and age too.
+	for name, f := range map[string]parked.Filter{
+		"another source": {Source: "no-such-source"},
+		"older than":     {OlderThan: time.Hour},
+	} {
+		cfg.Filter = f
+		if res, err := cfg.run(e); err != nil || len(res.Items) != 0 {
+			t.Fatalf("%s: %+v, %v, want nothing redriven", name, res, err)
+		}
+	}
 	cfg.Filter = parked.Filter{IDs: []int64{ids[1], 999999}, Reason: parked.ReasonPermanent}
 	res, err := cfg.run(e)
 	if err != nil || res.Applied != 1 || len(res.Items) != 1 || res.Items[0].ID != ids[1] {
