@@ -12,15 +12,21 @@ import (
 )
 
 // claimSQL inserts the batch's markers, in the given (sorted) order, and
-// returns the keys it inserted. On the happy path, where every key is new,
-// this is the whole claim: as cheap as a plain batched insert.
+// returns, in one row, the positions (1-based) of the keys it did not
+// insert because their marker existed. On the happy path, where every key
+// is new, that is one empty array: the claim costs a batched insert and no
+// row per key to send back and read.
 func claimSQL(table string) string {
-	return `INSERT INTO ` + table + ` (scope, id, fingerprint)
-SELECT u.scope, u.id, u.fingerprint
-FROM unnest($1::text[], $2::text[], $3::bytea[]) WITH ORDINALITY AS u(scope, id, fingerprint, ord)
-ORDER BY u.ord
-ON CONFLICT (scope, id) DO NOTHING
-RETURNING scope, id`
+	return `WITH u AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[]) WITH ORDINALITY AS u(scope, id, fingerprint, ord)
+), ins AS (
+    INSERT INTO ` + table + ` (scope, id, fingerprint)
+    SELECT u.scope, u.id, u.fingerprint FROM u ORDER BY u.ord
+    ON CONFLICT (scope, id) DO NOTHING
+    RETURNING scope, id
+)
+SELECT coalesce(array_agg(u.ord ORDER BY u.ord) FILTER (WHERE ins.id IS NULL), '{}')
+FROM u LEFT JOIN ins ON ins.scope = u.scope AND ins.id = u.id`
 }
 
 // fetchSQL reads the fingerprints of the markers a claim did not insert
@@ -126,32 +132,21 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 // statement, for the whole batch, to read their markers' fingerprints.
 func (s *Strategy) claim(ctx context.Context, tx pgx.Tx, scopes, ids []string, fps [][]byte) ([]marker, error) {
 	markers := make([]marker, len(scopes))
-	slotOf := make(map[ref]int, len(scopes))
-	for slot := range scopes {
-		slotOf[ref{scopes[slot], ids[slot]}] = slot
-	}
-	rows, err := tx.Query(ctx, s.claimSQL, scopes, ids, fps)
-	if err != nil {
+	var existing []int64 // positions (1-based) of the keys not inserted
+	if err := tx.QueryRow(ctx, s.claimSQL, scopes, ids, fps).Scan(&existing); err != nil {
 		return nil, fmt.Errorf("idset: claim: %w", err)
 	}
-	var (
-		scope, id string
-		inserted  int
-	)
-	_, err = pgx.ForEachRow(rows, []any{&scope, &id}, func() error {
-		slot, ok := slotOf[ref{scope, id}]
-		if !ok {
-			return fmt.Errorf("inserted a key that was not claimed: %s/%s", scope, id)
-		}
+	for slot := range markers {
 		markers[slot].inserted = true
-		inserted++
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("idset: claim: %w", err)
 	}
-	if inserted == len(scopes) {
+	if len(existing) == 0 {
 		return markers, nil
+	}
+	for _, ord := range existing {
+		if ord < 1 || int(ord) > len(markers) {
+			return nil, fmt.Errorf("idset: claim: the claim named key %d of %d", ord, len(markers))
+		}
+		markers[ord-1].inserted = false
 	}
 
 	var rs, ri []string
@@ -165,7 +160,7 @@ func (s *Strategy) claim(ctx context.Context, tx pgx.Tx, scopes, ids []string, f
 			markers[slot].existed = true
 		}
 	}
-	rows, err = tx.Query(ctx, s.fetchSQL, rs, ri)
+	rows, err := tx.Query(ctx, s.fetchSQL, rs, ri)
 	if err != nil {
 		return nil, fmt.Errorf("idset: claim: reading existing markers: %w", err)
 	}
