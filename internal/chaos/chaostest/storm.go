@@ -25,7 +25,7 @@ type stormPlan struct {
 func (p stormPlan) window() time.Duration { return time.Duration(p.kills) * p.every }
 
 func stormPlanFromEnv(t *testing.T) stormPlan {
-	p := stormPlan{messages: 1_000_000, workers: 3, kills: 8, every: 2 * time.Second, runs: 1}
+	p := stormPlan{messages: 1_500_000, workers: 3, kills: 8, every: 2 * time.Second, runs: 1}
 	atoi := func(name string, dst *int) {
 		if v := os.Getenv(name); v != "" {
 			n, err := strconv.Atoi(v)
@@ -67,7 +67,7 @@ func stormPlanFromEnv(t *testing.T) stormPlan {
 // medians.
 //
 // It is a measurement, run only with CHAOS_STORM=1. Environment:
-// CHAOS_STORM_MESSAGES (1,000,000), CHAOS_STORM_WORKERS (3),
+// CHAOS_STORM_MESSAGES (1,500,000), CHAOS_STORM_WORKERS (3),
 // CHAOS_STORM_KILLS (8), CHAOS_STORM_EVERY (2s), CHAOS_STORM_RUNS (1);
 // CHAOS_STATIC=0 makes the workers dynamic members; CHAOS_SEED,
 // CHAOS_LOGS and CHAOS_WORKER_RACE as for Run.
