@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -134,5 +135,34 @@ func TestFencedInstanceStops(t *testing.T) {
 	}
 	if rows, d := e.effects(); rows != d {
 		t.Errorf("%d effect rows for %d distinct messages", rows, d)
+	}
+}
+
+// TestInstanceIDConfig: an instance ID Kafka would refuse, or one that
+// contradicts kgo.InstanceID in Opts, is refused by New.
+func TestInstanceIDConfig(t *testing.T) {
+	base := Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t"}, KafkaOffsetsOnly: true}
+	for name, mutate := range map[string]func(*Config){
+		"bad character": func(c *Config) { c.InstanceID = "worker 1" },
+		"too long":      func(c *Config) { c.InstanceID = strings.Repeat("w", 250) },
+		"contradiction": func(c *Config) { c.InstanceID = "a"; c.Opts = []kgo.Opt{kgo.InstanceID("b")} },
+	} {
+		cfg := base
+		mutate(&cfg)
+		if _, err := New(nil, cfg); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%s: New returned %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	fromConfig, fromOpts := base, base
+	fromConfig.InstanceID = "pod-0.ledger_1"
+	fromOpts.Opts = []kgo.Opt{kgo.InstanceID("pod-0")}
+	for want, cfg := range map[string]Config{"pod-0.ledger_1": fromConfig, "pod-0": fromOpts} {
+		s, err := New(nil, cfg)
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
+		if s.instanceID != want {
+			t.Errorf("instance ID %q, want %q", s.instanceID, want)
+		}
 	}
 }
