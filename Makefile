@@ -11,7 +11,7 @@ FAUXQS    := internal/fauxqs/node_modules/.package-lock.json
 PKGS      := $(shell $(GO) list -m -f '{{.Path}}/...')
 MODDIRS   := $(shell $(GO) list -m -f '{{.Dir}}')
 
-.PHONY: test test-race test-patroni test-short flake soak soak-kafka soak-outbox bench bench-expiry lint tidy demo deps release test-release apidiff
+.PHONY: test test-race test-patroni test-short flake soak soak-kafka chaos-storm soak-outbox bench bench-expiry lint tidy demo deps release test-release apidiff
 
 ## test: the whole suite with the race detector (starts its own PostgreSQL, Kafka and SQS peers)
 test: test-race
@@ -59,6 +59,11 @@ CHAOS     := github.com/effectively-once/effectively/internal/chaos github.com/e
 ## soak-kafka: the Kafka sources' multi-process chaos run at full length, sources/kafka's then sources/franz's (120,000 messages, 12 kills, 2 freezes; see internal/chaos for the CHAOS_* variables)
 soak-kafka:
 	CHAOS_FULL=1 $(GO) test -race -count=1 -timeout 60m -p 1 -v -run '^TestChaos$$' $(CHAOS)
+
+## chaos-storm: what kills cost, as a ratio in one command: the chaos run's workload as a backlog consumed calm, then under a kill storm (8 SIGKILLs, one every 2s, each worker replaced in its slot), each phase checked like the chaos run; both rates and the ratio per run and the medians, sources/franz's (static members) then sources/kafka's. STORM_RUNS (default 3); CHAOS_STATIC=0 makes the franz workers dynamic members
+STORM_RUNS ?= 3
+chaos-storm:
+	CHAOS_STORM=1 CHAOS_STORM_RUNS=$(STORM_RUNS) $(GO) test -count=1 -timeout 90m -p 1 -v -run '^TestKillStorm$$' $(word 2,$(CHAOS)) $(word 1,$(CHAOS))
 
 ## deps: the pinned SQS emulator used by the tests, after a check that the servers the tests start are installed
 deps: servers $(FAUXQS)

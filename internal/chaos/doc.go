@@ -11,7 +11,12 @@
 // and poison messages while it kills workers with SIGKILL, freezes one
 // with SIGSTOP for longer than the session timeout, starts replacements,
 // creates a topic the workers are configured to consume and adds
-// partitions to another.
+// partitions to another. Each worker runs in a slot whose static group
+// instance ID it is given (-instance-id); a killed worker's replacement
+// takes its slot, so a source with static membership (sources/franz)
+// gives it the dead member's place at once, while sources/kafka (kafka-go
+// has no static membership) ignores it. CHAOS_STATIC=0 runs dynamic
+// members.
 //
 // At the end the test checks the promise of the library: exactly one effect
 // per logical message, exactly the poison messages parked, stored offsets
@@ -28,6 +33,11 @@
 // stalls would measure the machine; the library's code runs under the race
 // detector in its own packages' tests. See chaostest.Run for the other
 // environment variables.
+//
+// TestKillStorm (CHAOS_STORM=1, as `make chaos-storm` runs it for both
+// sources) measures what kills cost, as a ratio in one command: the same
+// backlog consumed calm and under a storm of kills, each phase checked
+// like the chaos run (see chaostest.Storm).
 package chaos
 
 // Headers the driver sets and the worker reads.

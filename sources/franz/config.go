@@ -38,6 +38,22 @@ type Config struct {
 	// Topics are the topics the group consumes. Required.
 	Topics []string
 
+	// InstanceID makes the source a static member of the group (KIP-345,
+	// kgo.InstanceID): give each process of the group its own, stable
+	// across restarts (a pod's name in a StatefulSet, a slot number).
+	// A process killed without closing (kill -9, a crash) and restarted
+	// with the same InstanceID takes its member's place at once, without
+	// waiting for the session timeout; the coordinator fences the member
+	// it replaces, and a fenced source stops (Fetch returns a permanent
+	// error matching ErrFencedInstance) rather than rejoining and fencing
+	// its replacement in turn. Close leaves the group all the same
+	// (static members do not by Kafka's default), so that the others take
+	// the partitions over at once. At most 249 characters of
+	// [a-zA-Z0-9._-]. Defaults to "": a dynamic member, which a killed
+	// process keeps in the group until its session times out. Setting
+	// kgo.InstanceID in Opts does the same; the two must not differ.
+	InstanceID string
+
 	// Opts are the user's own franz-go options, for everything kgo
 	// configures: TLS (kgo.DialTLSConfig, kgo.Dialer), SASL (kgo.SASL with
 	// franz-go's pkg/sasl mechanisms), kgo.ClientID, the group's timings
@@ -131,6 +147,9 @@ func bad(field, format string, args ...any) error {
 	return pg.ConfigErrorf("franz", field, format, args...)
 }
 
+// instanceIDChars are the characters Kafka allows in a group instance ID.
+const instanceIDChars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
+
 func (c Config) validate() error {
 	if len(c.Brokers) == 0 {
 		return bad("Brokers", "at least one broker address is required")
@@ -165,6 +184,9 @@ func (c Config) validate() error {
 		return bad("PartitionBuffer", "must not be negative, got %d", c.PartitionBuffer)
 	case c.RevokeTimeout < 0:
 		return bad("RevokeTimeout", "must not be negative, got %s", c.RevokeTimeout)
+	}
+	if len(c.InstanceID) > 249 || strings.Trim(c.InstanceID, instanceIDChars) != "" {
+		return bad("InstanceID", "%q: at most 249 characters of [a-zA-Z0-9._-]", c.InstanceID)
 	}
 	if err := pg.ValidateIdentifier(c.Schema, 0); err != nil {
 		return bad("Schema", "%v", err)

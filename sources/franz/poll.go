@@ -28,6 +28,9 @@ func (s *Source) pollLoop(ctx context.Context, cl *kgo.Client) {
 			if topic != "" {
 				where = fmt.Sprintf("%s/%d", topic, p)
 			}
+			if s.instanceFenced(cl, err) {
+				return
+			}
 			s.log.Warn("franz: fetch", "group", s.cfg.Group, "at", where, "err", err)
 			failed = err
 		})
@@ -48,6 +51,10 @@ func (s *Source) pollLoop(ctx context.Context, cl *kgo.Client) {
 // partition is assigned (nil clears it); a refused authentication is
 // permanent.
 func (s *Source) setError(err error) {
+	if fe := s.fencedInstance.Load(); fe != nil {
+		s.sched.SetError(*fe)
+		return
+	}
 	if err != nil {
 		err = fmt.Errorf("franz: consumer group %q: %w", s.cfg.Group, authFailure(err))
 		if errors.Is(err, ErrAuthentication) {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
@@ -34,6 +35,12 @@ type Source struct {
 	log   *slog.Logger
 	// rebalanceTimeout is the group's, as kgo resolved it from Opts.
 	rebalanceTimeout time.Duration
+	// instanceID is the member's static instance ID, "" for a dynamic
+	// member (Config.InstanceID or kgo.InstanceID in Opts).
+	instanceID string
+	// fencedInstance holds the permanent error Fetch returns once the
+	// coordinator fenced this static member (see static.go).
+	fencedInstance atomic.Pointer[error]
 
 	startOnce sync.Once
 	closeOnce sync.Once
@@ -100,7 +107,17 @@ func New(db pg.DB, cfg Config) (*Source, error) {
 		return nil, bad("Opts", "%v", err)
 	}
 	s.rebalanceTimeout, _ = probe.OptValue(kgo.RebalanceTimeout).(time.Duration)
+	optInstance, _ := probe.OptValue(kgo.InstanceID).(string)
 	probe.Close()
+	switch {
+	case cfg.InstanceID != "" && optInstance != "" && optInstance != cfg.InstanceID:
+		return nil, bad("InstanceID", "%q contradicts kgo.InstanceID(%q) in Opts", cfg.InstanceID, optInstance)
+	case cfg.InstanceID != "":
+		s.instanceID = cfg.InstanceID
+		user = append(user, kgo.InstanceID(cfg.InstanceID))
+	default:
+		s.instanceID = optInstance
+	}
 	if s.rebalanceTimeout <= 0 {
 		s.rebalanceTimeout = 60 * time.Second
 	}
@@ -296,7 +313,9 @@ func (s *Source) askCommit() {
 
 // Close leaves the group and stops fetching. Batches still in flight are
 // abandoned: their commit is refused, and the partition's next owner
-// delivers them again.
+// delivers them again. A static member (Config.InstanceID) leaves too,
+// unless the coordinator fenced it: the others take its partitions over
+// at once rather than after the session timeout.
 func (s *Source) Close() error {
 	s.closeOnce.Do(func() {
 		s.startOnce.Do(func() {}) // no start after Close
@@ -310,7 +329,10 @@ func (s *Source) Close() error {
 		}
 		s.cancel()
 		s.done.Wait()
-		cl.Close() // leaves the group: onRevoked drops the lanes at once
+		if s.instanceID != "" {
+			s.leaveStatic(cl)
+		}
+		cl.Close() // leaves the group (a dynamic member): onRevoked drops the lanes at once
 	})
 	return nil
 }

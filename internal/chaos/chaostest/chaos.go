@@ -70,6 +70,19 @@ var timing = groupTiming{
 // 2-3x slower than an idle development machine. A frozen member must not
 // lengthen any of this: its session expires like a dead one's, and its open
 // transaction must not hold up the new owner.
+//
+// Each membership change starts that recovery afresh: a kill while the
+// group still recovers from the last one (a kill storm, see Storm) is a
+// kill during a rebalance, bounded as above from the later kill. So the
+// bound holds from the last kill or freeze before the stall ended (see
+// stallExcess), not from the first; a thaw restarts nothing.
+//
+// Static members (a worker's replacement joins with its instance ID) make
+// a kill cost less, not more: the replacement takes the dead member's
+// place as soon as it joins, in a rebalance the live members join within
+// a heartbeat, without the session timeout; the bound above stays an
+// upper bound and is not tightened, since a replacement may take longer
+// to start than the session takes to expire on a loaded machine.
 func stallBound(t groupTiming) time.Duration {
 	const slack = 6 * time.Second
 	return t.session + t.rebalance + 4*t.heartbeat + slack
@@ -208,7 +221,13 @@ type run struct {
 	workers []*proc // every worker started
 	live    []*proc // started, not killed
 	nextW   int
-	crashes []string
+	// slotOf is each worker's slot: a killed or crashed worker's
+	// replacement takes its slot, and with static membership its
+	// instance ID (instanceID).
+	slotOf    map[*proc]int
+	freeSlots []int
+	static    bool // workers join as static members (CHAOS_STATIC, on by default)
+	crashes   []string
 	// when the topology changed, and the lanes it added
 	newTopicAt, addedAt time.Time
 	newLanes, addLanes  []laneKey
@@ -219,15 +238,16 @@ type run struct {
 func newRun(t *testing.T, pl plan, h Harness) *run {
 	ctx, cancel := context.WithTimeout(context.Background(), pl.deadline)
 	t.Cleanup(cancel)
-	r := &run{t: t, pl: pl, rng: rand.New(rand.NewPCG(uint64(pl.seed), 2)), ctx: ctx}
+	r := &run{t: t, pl: pl, rng: rand.New(rand.NewPCG(uint64(pl.seed), 2)), ctx: ctx,
+		slotOf: map[*proc]int{}, static: os.Getenv("CHAOS_STATIC") != "0"}
 	r.logDir = os.Getenv("CHAOS_LOGS")
 	if r.logDir == "" {
 		r.logDir = t.TempDir()
 	} else if err := os.MkdirAll(r.logDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("plan: %d messages (%d as a backlog), %d workers, %d kills, %d freezes of %s, topology changes %v, seed %d (CHAOS_SEED); logs in %s",
-		pl.messages, pl.backlog, pl.workers, pl.kills, pl.freezes, freezeFor(timing), pl.topology, pl.seed, r.logDir)
+	t.Logf("plan: %d messages (%d as a backlog), %d workers (static members %v), %d kills, %d freezes of %s, topology changes %v, seed %d (CHAOS_SEED); logs in %s",
+		pl.messages, pl.backlog, pl.workers, r.static, pl.kills, pl.freezes, freezeFor(timing), pl.topology, pl.seed, r.logDir)
 
 	brokerBin, workerBin := buildBinaries(t, t.TempDir(), h.Worker, os.Getenv("CHAOS_WORKER_RACE") == "1")
 	r.worker = workerBin
@@ -290,22 +310,42 @@ func (r *run) since(at time.Time) string {
 	return fmt.Sprintf("+%.1fs", at.Sub(r.begin).Seconds())
 }
 
-// startWorker starts one more worker and waits until it is ready; a worker
-// that cannot start fails the test at once.
-func (r *run) startWorker() *proc {
+// instanceID is the static group instance ID of the workers of slot.
+func instanceID(slot int) string { return fmt.Sprintf("chaos-slot-%d", slot) }
+
+// startWorker starts one more worker in slot (0: a slot freed by a crash,
+// else a new one) and waits until it is ready; a worker that cannot start
+// fails the test at once. With static membership it joins with the slot's
+// instance ID, so that it takes the place of the slot's previous worker.
+func (r *run) startWorker(slot int) *proc {
 	r.t.Helper()
+	if slot == 0 && len(r.freeSlots) > 0 {
+		slot, r.freeSlots = r.freeSlots[0], r.freeSlots[1:]
+	}
+	if slot == 0 {
+		taken := map[int]bool{}
+		for _, s := range r.slotOf {
+			taken[s] = true
+		}
+		for slot = 1; taken[slot]; slot++ {
+		}
+	}
 	r.nextW++
 	name := fmt.Sprintf("w%d", r.nextW)
-	p, _, err := startProc(r.t, name, r.logDir, 2*time.Minute, r.worker,
-		"-brokers", r.broker, "-db", r.dbURL, "-group", group, "-topics", strings.Join(r.topics, ","),
+	args := []string{"-brokers", r.broker, "-db", r.dbURL, "-group", group, "-topics", strings.Join(r.topics, ","),
 		"-name", name, "-session-timeout", timing.session.String(),
 		"-heartbeat-interval", timing.heartbeat.String(), "-rebalance-timeout", timing.rebalance.String(),
-		"-exit-with-stdin")
+		"-exit-with-stdin"}
+	if r.static {
+		args = append(args, "-instance-id", instanceID(slot))
+	}
+	p, _, err := startProc(r.t, name, r.logDir, 2*time.Minute, r.worker, args...)
 	if err != nil {
 		r.t.Fatalf("worker %s: %v", name, err)
 	}
 	r.workers = append(r.workers, p)
 	r.live = append(r.live, p)
+	r.slotOf[p] = slot
 	return p
 }
 
@@ -340,8 +380,8 @@ func (r *run) execute() {
 	sctx, stopSampler := context.WithCancel(r.ctx)
 	sampled := make(chan struct{})
 	go func() { defer close(sampled); r.samp.run(sctx) }()
-	for range pl.workers {
-		r.startWorker()
+	for i := range pl.workers {
+		r.startWorker(i + 1)
 	}
 	ops := r.schedule()
 	// Pace the rest so that it flows through every step, each step's share
@@ -423,13 +463,15 @@ func (r *run) checkCrashes() {
 			r.crashes = append(r.crashes, msg)
 			r.t.Logf("worker crashed: %s", msg)
 			p.kill() // marks it expected, so it is reported once
+			r.freeSlots = append(r.freeSlots, r.slotOf[p])
+			delete(r.slotOf, p)
 			continue
 		}
 		kept = append(kept, p)
 	}
 	r.live = kept
 	for len(r.live) < r.pl.workers && r.ctx.Err() == nil {
-		r.startWorker()
+		r.startWorker(0)
 	}
 }
 

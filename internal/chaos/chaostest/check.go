@@ -217,13 +217,13 @@ func (r *run) check() {
 			if w := r.lockWaits[i]; st.lane != "" && st.d() > bound && len(w) > 0 {
 				t.Logf("statements that waited for the frozen worker's locks (freeze %s): %s", ev.detail, strings.Join(w, "; "))
 			}
-			if st.lane != "" && st.d() > bound {
+			if excess, last := r.stallExcess(st); st.lane != "" && excess > bound {
 				open := ""
 				if st.open {
 					open = ", and was still waiting when the run ended"
 				}
-				t.Errorf("%s %s at %s: partition %s had messages waiting and did not move for %s%s; bound %s (SessionTimeout %s + RebalanceTimeout %s + slack, see stallBound)",
-					ev.kind, ev.detail, r.since(ev.at), st.lane, st.d().Round(100*time.Millisecond), open, bound, timing.session, timing.rebalance)
+				t.Errorf("%s %s at %s: partition %s had messages waiting and did not move for %s%s, %s after the last event before it moved again (%s); bound %s (SessionTimeout %s + RebalanceTimeout %s + slack, see stallBound)",
+					ev.kind, ev.detail, r.since(ev.at), st.lane, st.d().Round(100*time.Millisecond), open, excess.Round(100*time.Millisecond), last, bound, timing.session, timing.rebalance)
 			}
 		}
 		if r.pl.kills+r.pl.freezes > 0 && len(r.events) == 0 {
@@ -298,6 +298,24 @@ func (r *run) eventOf(st stall) int {
 	return e
 }
 
+// stallExcess returns how long st lasted after the last membership change
+// (a kill or a freeze) that happened after it began, or all of st when
+// none did: what stallBound bounds. It names that event. A thaw does not
+// count: a stall that waited for a frozen worker must not pass because the
+// worker came back.
+func (r *run) stallExcess(st stall) (time.Duration, string) {
+	excess, last := st.d(), "the stall's own"
+	for _, ev := range r.events {
+		if ev.kind != "kill" && ev.kind != "freeze" {
+			continue
+		}
+		if ev.at.After(st.start) && ev.at.Before(st.end) {
+			excess, last = st.end.Sub(ev.at), fmt.Sprintf("%s %s at %s", ev.kind, ev.detail, r.since(ev.at))
+		}
+	}
+	return excess, last
+}
+
 // stallAfter returns the longest partition stall attributed to event i
 // (the group's with group).
 func (r *run) stallAfter(i int, group bool) stall {
@@ -361,6 +379,11 @@ func (r *run) report(o outcome) string {
 		logical, poisonN, records, dups, resent)
 	fmt.Fprintf(&b, "  outcome      %d effect rows for %d distinct messages, %d parked rows\n", o.rows, len(o.effects), len(o.parked))
 	fmt.Fprintf(&b, "  workers      %d at a time, %d started; %d kills, %d freezes of %s\n", r.pl.workers, len(r.workers), kills, freezes, freezeFor(timing))
+	membership := "dynamic members"
+	if r.static {
+		membership = "an instance ID per worker slot, static members where the source has static membership (CHAOS_STATIC=0: none)"
+	}
+	fmt.Fprintf(&b, "  membership   %s\n", membership)
 	fmt.Fprintf(&b, "  rebalances   %d generations (distinct \"generation started\" in the workers' logs)\n", r.generations())
 	fmt.Fprintf(&b, "  group        SessionTimeout %s, HeartbeatInterval %s, RebalanceTimeout %s; stall bound %s, pickup bound %s\n",
 		timing.session, timing.heartbeat, timing.rebalance, stallBound(timing), topologyBound(timing))

@@ -13,15 +13,18 @@ import (
 
 // The chaos events: what the driver does to the group.
 
-// kill SIGKILLs a random live worker and starts a replacement.
+// kill SIGKILLs a random live worker and starts a replacement in its slot
+// (with static membership, under its instance ID).
 func (r *run) kill() {
 	i := r.rng.IntN(len(r.live))
 	p := r.live[i]
 	r.live = append(r.live[:i], r.live[i+1:]...)
 	r.events = append(r.events, event{kind: "kill", detail: p.name, at: time.Now()})
 	p.kill()
+	slot := r.slotOf[p]
+	delete(r.slotOf, p)
 	time.Sleep(time.Duration(r.rng.IntN(1000)) * time.Millisecond) // not a wait for an event: a random delay
-	n := r.startWorker()
+	n := r.startWorker(slot)
 	r.events[len(r.events)-1].detail += ", replaced by " + n.name
 }
 

@@ -22,3 +22,7 @@ func TestChaos(t *testing.T) { chaostest.Run(t, franzWorker) }
 // TestWorkerThatCannotStart: a worker that fails before it is ready makes
 // the run stop at once with the worker's own error.
 func TestWorkerThatCannotStart(t *testing.T) { chaostest.WorkerThatCannotStart(t, franzWorker) }
+
+// TestKillStorm measures the throughput of a kill storm against the same
+// run without kills (chaostest.Storm; CHAOS_STORM=1 runs it).
+func TestKillStorm(t *testing.T) { chaostest.Storm(t, franzWorker) }

@@ -32,8 +32,13 @@ import (
 
 // Options are the worker's flags that configure its source.
 type Options struct {
-	Brokers, Topics                        []string
-	Group                                  string
+	Brokers, Topics []string
+	Group           string
+	// InstanceID is the worker's static group instance ID (KIP-345), ""
+	// for a dynamic member: the driver gives each worker slot its own,
+	// and a killed worker's replacement takes the same. A source without
+	// static membership (sources/kafka: kafka-go has none) ignores it.
+	InstanceID                             string
 	Session, Heartbeat, Rebalance, MaxWait time.Duration
 	Logger                                 *slog.Logger
 }
@@ -53,6 +58,7 @@ type Kafka struct {
 
 type options struct {
 	brokers, db, group, topics, name string
+	instanceID                       string
 	session, heartbeat, rebalance    time.Duration
 	maxWait                          time.Duration
 	batch, concurrency               int
@@ -67,6 +73,7 @@ func Main(k Kafka) {
 	flag.StringVar(&o.group, "group", "chaos", "consumer group, also the consumer's name")
 	flag.StringVar(&o.topics, "topics", "", "comma-separated topics to consume (required)")
 	flag.StringVar(&o.name, "name", fmt.Sprint(os.Getpid()), "worker name, written into each effect row")
+	flag.StringVar(&o.instanceID, "instance-id", "", "static group instance ID, \"\" for a dynamic member (ignored by sources without static membership)")
 	flag.DurationVar(&o.session, "session-timeout", 6*time.Second, "the group's session timeout")
 	flag.DurationVar(&o.heartbeat, "heartbeat-interval", 500*time.Millisecond, "the group's heartbeat interval")
 	flag.DurationVar(&o.rebalance, "rebalance-timeout", 10*time.Second, "the group's rebalance timeout")
@@ -111,7 +118,7 @@ func run(ctx context.Context, log *slog.Logger, o options, k Kafka) error {
 	defer pool.Close()
 
 	src, err := k.New(pool, Options{
-		Brokers: strings.Split(o.brokers, ","), Group: o.group, Topics: strings.Split(o.topics, ","),
+		Brokers: strings.Split(o.brokers, ","), Group: o.group, Topics: strings.Split(o.topics, ","), InstanceID: o.instanceID,
 		Session: o.session, Heartbeat: o.heartbeat, Rebalance: o.rebalance, MaxWait: o.maxWait,
 		Logger: log,
 	})

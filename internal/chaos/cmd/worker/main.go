@@ -1,6 +1,7 @@
 // Command worker is one member of the chaos test's consumer group over
 // sources/kafka: the shared chaos worker (package internal/chaos/worker)
-// with a kafka.Source.
+// with a kafka.Source. kafka-go's groups have no static membership: the
+// worker ignores -instance-id and joins as a dynamic member.
 package main
 
 import (

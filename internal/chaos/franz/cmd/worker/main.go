@@ -1,6 +1,7 @@
 // Command worker is one member of the chaos test's consumer group over
 // sources/franz: the shared chaos worker (package worker) with a
-// franz.Source configured like sources/kafka's worker.
+// franz.Source configured like sources/kafka's worker, a static member of
+// the group when the driver gives it an instance ID (-instance-id).
 package main
 
 import (
@@ -16,9 +17,10 @@ func main() {
 	worker.Main(worker.Kafka{
 		New: func(pool *pgxpool.Pool, o worker.Options) (worker.Source, error) {
 			return franz.New(pool, franz.Config{
-				Brokers: o.Brokers,
-				Group:   o.Group,
-				Topics:  o.Topics,
+				Brokers:    o.Brokers,
+				Group:      o.Group,
+				Topics:     o.Topics,
+				InstanceID: o.InstanceID,
 				Opts: []kgo.Opt{
 					kgo.SessionTimeout(o.Session),
 					kgo.HeartbeatInterval(o.Heartbeat),
