@@ -7,7 +7,7 @@ FAUXQS    := internal/fauxqs/node_modules/.package-lock.json
 # PKGS are the packages of every module of the workspace (go.work): the core
 # and the modules beside it (cli, cmd/effectively, the adapters, the
 # franz-go source and outbox sink, the benchmarks, the examples and the
-# Kafka chaos run), which ./... alone would leave out.
+# integration suites), which ./... alone would leave out.
 PKGS      := $(shell $(GO) list -m -f '{{.Path}}/...')
 MODDIRS   := $(shell $(GO) list -m -f '{{.Dir}}')
 
@@ -50,13 +50,13 @@ soak-outbox:
 	CHAIN_INPUTS=100000 $(GO) test -race -count=1 -timeout 30m -v -run '^TestChained$$' ./outbox/
 	CHAIN_KILL_INPUTS=100000 $(GO) test -count=1 -timeout 90m -v -run '^TestChainedKill$$' ./outbox/
 
-# The Kafka chaos tests, in the module internal/chaos: its root package for
-# sources/kafka, internal/chaos/franz for sources/franz. make test runs
+# The Kafka chaos tests, in the integration module: integration/chaos for
+# sources/kafka, integration/chaos/franz for sources/franz. make test runs
 # them short with the other packages; soak-kafka runs them at full length,
 # one at a time.
-CHAOS     := github.com/effectively-once/effectively/internal/chaos github.com/effectively-once/effectively/internal/chaos/franz
+CHAOS     := github.com/effectively-once/effectively/integration/chaos github.com/effectively-once/effectively/integration/chaos/franz
 
-## soak-kafka: the Kafka sources' multi-process chaos run at full length, sources/kafka's then sources/franz's (120,000 messages, 12 kills, 2 freezes; see internal/chaos for the CHAOS_* variables)
+## soak-kafka: the Kafka sources' multi-process chaos run at full length, sources/kafka's then sources/franz's (120,000 messages, 12 kills, 2 freezes; see integration/chaos for the CHAOS_* variables)
 soak-kafka:
 	CHAOS_FULL=1 $(GO) test -race -count=1 -timeout 60m -p 1 -v -run '^TestChaos$$' $(CHAOS)
 

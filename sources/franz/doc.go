@@ -106,7 +106,7 @@
 // frozen worker's open transaction holds its locked offsets row until
 // PostgreSQL ends it after consumer.Config.IdleTxTimeout; when the worker
 // wakes, its commit fails and its retry is fenced. The multi-process chaos
-// run (the repository's internal/chaos/franz) checks these bounds with
+// run (the repository's integration/chaos/franz) checks these bounds with
 // kill -9 and SIGSTOP.
 //
 // # Static membership

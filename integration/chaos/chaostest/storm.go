@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/effectively/internal/chaos"
+	"github.com/effectively-once/effectively/integration/chaos"
 )
 
 // stormPlan is what Storm measures: a backlog of messages consumed by

@@ -3,14 +3,14 @@ package chaos_test
 import (
 	"testing"
 
-	"github.com/effectively-once/effectively/internal/chaos/chaostest"
+	"github.com/effectively-once/effectively/integration/chaos/chaostest"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // kafkaWorker is the worker program over sources/kafka.
-var kafkaWorker = chaostest.Harness{Worker: "github.com/effectively-once/effectively/internal/chaos/cmd/worker"}
+var kafkaWorker = chaostest.Harness{Worker: "github.com/effectively-once/effectively/integration/chaos/cmd/worker"}
 
 // TestChaos runs sources/kafka through the shared chaos run (see
 // chaostest.Run): worker processes killed, frozen and replaced while the

@@ -1,11 +1,11 @@
 // Command worker is one member of the chaos test's consumer group over
-// sources/kafka: the shared chaos worker (package internal/chaos/worker)
+// sources/kafka: the shared chaos worker (package integration/chaos/worker)
 // with a kafka.Source. kafka-go's groups have no static membership: the
 // worker ignores -instance-id and joins as a dynamic member.
 package main
 
 import (
-	"github.com/effectively-once/effectively/internal/chaos/worker"
+	"github.com/effectively-once/effectively/integration/chaos/worker"
 	"github.com/effectively-once/effectively/sources/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
 )

@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/effectively-once/effectively/internal/chaos"
+	"github.com/effectively-once/effectively/integration/chaos"
 	"github.com/effectively-once/effectively/internal/kafkatest"
 	"github.com/twmb/franz-go/pkg/kfake"
 )

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/effectively-once/effectively/internal/chaos"
+	"github.com/effectively-once/effectively/integration/chaos"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 

@@ -7,7 +7,7 @@ package main
 import (
 	"time"
 
-	"github.com/effectively-once/effectively/internal/chaos/worker"
+	"github.com/effectively-once/effectively/integration/chaos/worker"
 	"github.com/effectively-once/effectively/sources/franz"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"

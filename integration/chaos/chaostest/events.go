@@ -6,7 +6,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/effectively-once/effectively/internal/chaos"
+	"github.com/effectively-once/effectively/integration/chaos"
 	"github.com/jackc/pgx/v5"
 	kafkago "github.com/segmentio/kafka-go"
 )

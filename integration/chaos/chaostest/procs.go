@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/effectively/internal/chaos"
+	"github.com/effectively-once/effectively/integration/chaos"
 )
 
 // buildBinaries builds the broker program and the worker program

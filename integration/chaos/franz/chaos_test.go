@@ -8,13 +8,13 @@ package franz_test
 import (
 	"testing"
 
-	"github.com/effectively-once/effectively/internal/chaos/chaostest"
+	"github.com/effectively-once/effectively/integration/chaos/chaostest"
 	"github.com/effectively-once/effectively/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-var franzWorker = chaostest.Harness{Worker: "github.com/effectively-once/effectively/internal/chaos/franz/cmd/worker"}
+var franzWorker = chaostest.Harness{Worker: "github.com/effectively-once/effectively/integration/chaos/franz/cmd/worker"}
 
 // TestChaos: see chaostest.Run and its environment variables.
 func TestChaos(t *testing.T) { chaostest.Run(t, franzWorker) }

@@ -5,138 +5,15 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/effectively-once/effectively/internal/chaos"
+	"github.com/effectively-once/effectively/integration/chaos"
 	"github.com/effectively-once/effectively/pgtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
 )
-
-// plan is what one chaos run does.
-type plan struct {
-	messages   int     // logical messages
-	backlog    int     // of them, produced before the first worker starts
-	workers    int     // workers alive at any time (a killed one is replaced)
-	kills      int     // SIGKILLs of a random worker
-	freezes    int     // SIGSTOPs of a random worker for longer than stallBound
-	topology   bool    // create a topic the workers consume, add partitions to another
-	dupRate    float64 // share of logical messages the producer sends twice
-	poisonRate float64 // share of logical messages the handler rejects permanently
-	seed       int64
-	deadline   time.Duration // for the whole run; waits are progress-based within it
-}
-
-// groupTiming is the consumer group configuration of every worker:
-// explicit and short, so that a run takes a minute or two.
-type groupTiming struct {
-	session, heartbeat, rebalance time.Duration
-}
-
-var timing = groupTiming{
-	session:   6 * time.Second, // the smallest a Kafka broker accepts by default
-	heartbeat: 500 * time.Millisecond,
-	rebalance: 10 * time.Second,
-}
-
-// stallBound is the longest a partition may have messages waiting without
-// its position moving, after a worker is killed or frozen (or resumes),
-// for a group configured with t. The Kafka source documents it as a
-// function of its Config; keep the two in step:
-//
-//   - a dead or frozen member is noticed when its session expires,
-//     SessionTimeout after its last heartbeat;
-//   - the rebalance that follows waits at most RebalanceTimeout for the
-//     live members to rejoin (they notice within a HeartbeatInterval);
-//   - the partition's new owner then claims it in Postgres, seeks and
-//     commits its first batch.
-//
-// A kill that lands during a rebalance, while the victim's JoinGroup waits
-// in the coordinator, takes the same terms in the other order: the join
-// phase completes counting the dead member in (at most RebalanceTimeout
-// after the rebalance began, which revoked the partitions it is then
-// assigned), the coordinator schedules its session expiry at that
-// completion, and SessionTimeout later the rebalance that drops it runs
-// with live members only (a heartbeat to notice, their in-flight batches,
-// the claim). So SessionTimeout + RebalanceTimeout + heartbeats bounds it
-// too. That is Kafka's rule; kfake on its own never expired such a
-// member (see package internal/kafkatest, whose session keeper the
-// runs' broker has), and the partitions stalled until the next kill.
-//
-// The slack covers that last step and the sampler's resolution on machines
-// 2-3x slower than an idle development machine. A frozen member must not
-// lengthen any of this: its session expires like a dead one's, and its open
-// transaction must not hold up the new owner.
-//
-// Each membership change starts that recovery afresh: a kill while the
-// group still recovers from the last one (a kill storm, see Storm) is a
-// kill during a rebalance, bounded as above from the later kill. So the
-// bound holds from the last kill or freeze before the stall ended (see
-// stallExcess), not from the first; a thaw restarts nothing.
-//
-// Static members (a worker's replacement joins with its instance ID) make
-// a kill cost less, not more: the replacement takes the dead member's
-// place as soon as it joins, in a rebalance the live members join within
-// a heartbeat, without the session timeout; the bound above stays an
-// upper bound and is not tightened, since a replacement may take longer
-// to start than the session takes to expire on a loaded machine.
-func stallBound(t groupTiming) time.Duration {
-	const slack = 6 * time.Second
-	return t.session + t.rebalance + 4*t.heartbeat + slack
-}
-
-// topologyBound is the longest after a topic the workers are configured
-// to consume is created, or partitions are added to one, until the new
-// partitions' first records are consumed: the group notices the change
-// (kafka-go's partition watch polls every 5s by default, and the Kafka
-// source may choose its own interval), rebalances, and the new owners claim.
-func topologyBound(t groupTiming) time.Duration {
-	const watch = 10 * time.Second
-	return watch + stallBound(t)
-}
-
-// freezeFor is how long a frozen worker stays stopped: longer than
-// stallBound, so that a group that waits for it to resume cannot pass.
-func freezeFor(t groupTiming) time.Duration { return stallBound(t) + 2*time.Second }
-
-func planFromEnv(t *testing.T) plan {
-	p := plan{
-		messages: 20_000, backlog: 5_000, workers: 3, kills: 3, freezes: 1, topology: true,
-		dupRate: 0.05, poisonRate: 0.002, seed: time.Now().UnixNano() % 1_000_000, deadline: 6 * time.Minute,
-	}
-	if os.Getenv("CHAOS_FULL") == "1" {
-		p.messages, p.backlog, p.kills, p.freezes, p.workers, p.deadline = 120_000, 25_000, 12, 2, 4, 20*time.Minute
-	}
-	atoi := func(name string, dst *int) {
-		if v := os.Getenv(name); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 {
-				t.Fatalf("%s=%q: want a number", name, v)
-			}
-			*dst = n
-		}
-	}
-	atoi("CHAOS_MESSAGES", &p.messages)
-	atoi("CHAOS_KILLS", &p.kills)
-	atoi("CHAOS_FREEZES", &p.freezes)
-	atoi("CHAOS_WORKERS", &p.workers)
-	if v := os.Getenv("CHAOS_SEED"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			t.Fatalf("CHAOS_SEED=%q: want a number", v)
-		}
-		p.seed = n
-	}
-	if os.Getenv("CHAOS_TOPOLOGY") == "0" {
-		p.topology = false
-	}
-	p.backlog = min(p.backlog, p.messages/4)
-	p.workers = max(p.workers, 2)
-	return p
-}
 
 const (
 	group    = "chaos"
@@ -160,7 +37,7 @@ type event struct {
 // Harness names the source a chaos run breaks.
 type Harness struct {
 	// Worker is the import path of the worker program: a main package
-	// that calls worker.Main (package internal/chaos/worker) with its
+	// that calls worker.Main (package integration/chaos/worker) with its
 	// source. It is built with the go command from the test's directory,
 	// so it must be in the test's module or its requirements. Required.
 	Worker string
@@ -168,7 +45,7 @@ type Harness struct {
 
 // BrokerPackage is the broker program every run uses: kfake in a process
 // of its own.
-const BrokerPackage = "github.com/effectively-once/effectively/internal/chaos/cmd/broker"
+const BrokerPackage = "github.com/effectively-once/effectively/integration/chaos/cmd/broker"
 
 // Run runs a Kafka source as production does: a broker process, several
 // worker processes of h.Worker, and the test as the driver. While the
@@ -473,119 +350,4 @@ func (r *run) checkCrashes() {
 	for len(r.live) < r.pl.workers && r.ctx.Err() == nil {
 		r.startWorker(0)
 	}
-}
-
-// genQuiet is how long no new generation may appear for the group to
-// count as settled: a member that resumed or joined rejoins within a few
-// heartbeats.
-const genQuiet = 3 * time.Second
-
-// waitStable waits at least minGap, then until the group settled: every
-// partition that was consumed before moved within the last 1.5s, a
-// generation newer than the last event's time (for membership changes)
-// and then none for genQuiet, and each of fresh (partitions just added)
-// consumed from. It gives up after 2×stallBound (topologyBound with
-// fresh), and the checks report the rest. Waiting for the new partitions
-// keeps a later kill's rebalance from picking them up in the group's
-// stead.
-func (r *run) waitStable(what string, minGap time.Duration, fresh []laneKey, newGenAfter time.Time) {
-	start := time.Now()
-	limit := 2 * stallBound(timing)
-	if len(fresh) > 0 {
-		limit = topologyBound(timing)
-	}
-	for r.ctx.Err() == nil {
-		r.checkCrashes()
-		longest, lane, _ := r.samp.current()
-		moves := r.samp.firstMoves()
-		unseen := 0
-		for _, k := range fresh {
-			if _, ok := moves[k]; !ok {
-				unseen++
-			}
-		}
-		el := time.Since(start)
-		if len(moves) == 0 && el >= minGap {
-			return // nothing was ever consumed: there is nothing to recover (the start check reports it)
-		}
-		gen := r.samp.generationChanged()
-		genOK := time.Since(gen) >= genQuiet && (newGenAfter.IsZero() || gen.After(newGenAfter))
-		if el >= minGap && longest < 1500*time.Millisecond && unseen == 0 && genOK && r.samp.count() > 0 {
-			return
-		}
-		if el > limit {
-			r.t.Logf("%s: not settled after %s (%s has waited %s, %d new partitions never consumed from, last new generation %s); going on",
-				what, el.Round(time.Millisecond), lane, longest.Round(time.Millisecond), unseen, r.since(gen))
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// waitFirstConsumed waits until every partition produced to so far has
-// been consumed from, or 2×stallBound passed (then it logs what it saw and
-// the checks report the rest).
-func (r *run) waitFirstConsumed() {
-	start := time.Now()
-	for r.ctx.Err() == nil {
-		r.checkCrashes()
-		pos := r.samp.positions()
-		var waiting []string
-		for k := range r.prod.endsSnapshot() {
-			if pos[k] == 0 {
-				waiting = append(waiting, k.String())
-			}
-		}
-		if len(waiting) == 0 && r.samp.count() > 0 {
-			r.t.Logf("every partition consumed from %s after the workers started", time.Since(start).Round(time.Millisecond))
-			return
-		}
-
-		if time.Since(start) > 2*stallBound(timing) {
-			r.t.Logf("%d workers started %s ago, and %d partitions were never consumed from: %s; going on",
-				len(r.live), time.Since(start).Round(time.Millisecond), len(waiting), strings.Join(waiting, " "))
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// waitFor polls cond until it holds; it fails the test when the run's
-// deadline passes first.
-func (r *run) waitFor(what string, cond func() bool) {
-	r.t.Helper()
-	for !cond() {
-		if r.ctx.Err() != nil {
-			r.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// noProgress is how long the end of the run waits with no partition moving
-// before it gives up on the rest and reports.
-const noProgress = 60 * time.Second
-
-// waitCaughtUp waits until every partition's stored offset reached the end
-// of its log, or nothing moved for noProgress.
-func (r *run) waitCaughtUp() {
-	for r.ctx.Err() == nil {
-		r.checkCrashes()
-		ends, pos := r.prod.endsSnapshot(), r.samp.positions()
-		behind := 0
-		for k, e := range ends {
-			if pos[k] < e {
-				behind++
-			}
-		}
-		if behind == 0 {
-			return
-		}
-		if _, _, since := r.samp.current(); since > noProgress {
-			r.t.Logf("%d partitions behind and nothing moved for %s; checking what there is", behind, noProgress)
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	r.t.Logf("the run's deadline (%s) passed before every partition was consumed", r.pl.deadline)
 }
