@@ -79,6 +79,8 @@ type LatencyResult struct {
 	Other int
 	// OtherErr is the last of those outcomes' errors.
 	OtherErr string
+	// Tail is where the slowest 1% of the messages spent their time.
+	Tail TailProfile
 }
 
 // Sustained says whether the consumer kept up with the offered rate: it
@@ -139,7 +141,9 @@ func KafkaLatency(ctx context.Context, pool *pgxpool.Pool, k *kafkatest.Cluster,
 	if err != nil {
 		return LatencyResult{}, err
 	}
-	cfg := consumer.Config{Name: "bench", Strategy: strategy, BatchSize: LatencyBatch, Concurrency: LatencyPartitions,
+	// Two goroutines a lane: a lane's next batch claims while its last one
+	// commits (consumer.PipelineSource).
+	cfg := consumer.Config{Name: "bench", Strategy: strategy, BatchSize: LatencyBatch, Concurrency: 2 * LatencyPartitions,
 		Hooks: []consumer.Hook{clock}}
 	s.configure(&cfg)
 	c, err := consumer.New(pool, src, cfg)

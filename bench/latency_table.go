@@ -85,7 +85,7 @@ func LatencyTable(ctx context.Context, url string, k *kafkatest.Cluster, opts La
 	if err != nil {
 		return err
 	}
-	pcfg.MaxConns = LatencyPartitions + 4 // the lanes, the source's claims and the checks
+	pcfg.MaxConns = 2*LatencyPartitions + 4 // two batches a lane, the source's claims and the checks
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
@@ -107,6 +107,7 @@ func LatencyTable(ctx context.Context, url string, k *kafkatest.Cluster, opts La
 			label, s, rate, r.Achieved, latMS(r.P50), latMS(r.P99), latMS(r.Max), r.Batch, latMS(r.ToStart), latMS(r.InBatch),
 			latMS(r.Claim), latMS(r.Handle), latMS(r.Commit),
 			r.LagStart, r.LagEnd, latMS(r.ProducerLate), r.Sustained(), otherNote(r))
+		fmt.Fprintf(log, "  %s\n", r.Tail)
 		return r, nil
 	}
 	// points measures every shape at every rate of rates(shape), runs
