@@ -6,12 +6,13 @@
 //
 // Every assigned partition is a lane: partitions are processed in parallel,
 // records of one partition in offset order, and a partition has one batch
-// in flight, or two while the first commits (below).
+// in flight, or, with Config.Pipeline, two while the first commits (below).
 //
 // # Pipelined partitions
 //
-// Run by a consumer (which implements consumer.PipelineSource's side of
-// it), a partition's next batch is handed out as soon as the last one's
+// With Config.Pipeline, and run by a consumer (which implements
+// consumer.PipelineSource's side of it), a partition's next batch is
+// handed out as soon as the last one's
 // offset is written in its transaction, before its COMMIT, when one of the
 // consumer's goroutines is free (consumer.Config.Concurrency above the
 // number of busy partitions; give the pool a connection for each). That

@@ -44,10 +44,11 @@ func (r *release) finish(err error) {
 }
 
 // Pipeline is called by a consumer that calls AwaitPrevious and Recall
-// (see consumer.PipelineSource): from then on, a partition's next batch is
-// handed out while its last one commits. Without it, Source hands out one
-// batch per partition at a time, from Fetch until Settle.
-func (s *Source) Pipeline() { s.pipelined.Store(true) }
+// (see consumer.PipelineSource): from then on, with Config.Pipeline, a
+// partition's next batch is handed out while its last one commits.
+// Otherwise Source hands out one batch per partition at a time, from Fetch
+// until Settle.
+func (s *Source) Pipeline() { s.pipelined.Store(s.cfg.Pipeline) }
 
 // released records, after BeforeCommit stored b's offset, that b's lane
 // may hand out its next batch. s.mu must be held.

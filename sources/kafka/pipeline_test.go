@@ -10,12 +10,12 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// pipelineEnv is one partition with 20 records and a Source a consumer
-// pipelines (Pipeline called).
+// pipelineEnv is one partition with 20 records and a Source with
+// Config.Pipeline that a consumer pipelines (Pipeline called).
 func pipelineEnv(t *testing.T) (*env, *Source, context.Context) {
 	e := newEnv(t, 1)
 	e.produce(0, 20)
-	s := e.source()
+	s := e.source(func(c *Config) { c.Pipeline = true })
 	s.Pipeline()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)

@@ -13,7 +13,7 @@
 // and p50/p99 at 1,000 and 20,000 messages a second, half that rate and
 // that rate.
 //
-//	go run ./bench/cmd/latencytable [-duration 10s] [-rates 1000,20000] [-search] [-runs 1] [-shapes batch,queue] [-cpuprofile f] [-memprofile f]
+//	go run ./bench/cmd/latencytable [-duration 10s] [-rates 1000,20000] [-search] [-runs 1] [-shapes batch,queue] [-pipeline] [-cpuprofile f] [-memprofile f]
 //
 // It starts a throwaway PostgreSQL with fsync on (as production runs) unless
 // DATABASE_URL names a database to use; that database's ledger and
@@ -40,6 +40,7 @@ func main() {
 	warmup := flag.Duration("warmup", 2*time.Second, "time each run produces before its window")
 	rates := flag.String("rates", "", "comma-separated offered rates in msgs/s (default 1000,20000 without -search, none with it)")
 	search := flag.Bool("search", false, "find each shape's highest sustained rate and report latency at 1k, 20k, half of it and it")
+	pipeline := flag.Bool("pipeline", false, "kafka.Config.Pipeline, with two consumer goroutines a partition")
 	runs := flag.Int("runs", 1, "runs per reported point; the median of each column is reported")
 	shapes := flag.String("shapes", "batch,queue", "comma-separated handler shapes: batch, queue, handler")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (producer, broker and consumer share the process) to this file")
@@ -66,7 +67,7 @@ func main() {
 			}
 		}()
 	}
-	opts := bench.LatencyOptions{Duration: *duration, Warmup: *warmup, Search: *search, Runs: *runs}
+	opts := bench.LatencyOptions{Duration: *duration, Warmup: *warmup, Search: *search, Runs: *runs, Pipeline: *pipeline}
 	if err := parse(&opts, *rates, *shapes); err != nil {
 		fmt.Fprintln(os.Stderr, "latencytable:", err)
 		os.Exit(2)
