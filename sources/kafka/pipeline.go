@@ -54,6 +54,7 @@ func (s *Source) Pipeline() { s.pipelined.Store(s.cfg.Pipeline) }
 // may hand out its next batch. s.mu must be held.
 func (s *Source) released(l *lane, b *consumer.Batch) {
 	if s.pipelined.Load() && s.sched.Release(b) {
+		s.releases.Add(1)
 		if l.rel != nil && l.rel.b != b {
 			l.lastRel = l.rel
 		}

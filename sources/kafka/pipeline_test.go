@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/consumer"
+	"github.com/effectively-once/effectively/consumer/consumertest"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -208,5 +209,44 @@ func TestPipelineRecall(t *testing.T) {
 	}
 	if err := s.AwaitPrevious(ctx, b3); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestEnginePipelinedOrderAndOnce: a consumer with goroutines to spare
+// over a pipelined source, with producer retries among the records:
+// every message applied once, and each partition's effects committed in
+// offset order.
+func TestEnginePipelinedOrderAndOnce(t *testing.T) {
+	const n = 3000
+	e := newEnv(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := e.pool.Exec(ctx, `ALTER TABLE effects ADD COLUMN n bigserial`); err != nil {
+		t.Fatal(err)
+	}
+	e.produce(0, n)
+	e.produce(n-500, n) // producer retries: duplicates
+	h := &consumertest.Counter{}
+	src := e.source(func(c *Config) { c.Pipeline = true })
+	c := e.engine(src, h, func(cfg *consumer.Config) {
+		cfg.Concurrency = 4
+		cfg.BatchSize = 50
+	})
+	r := consumertest.Start(c)
+	e.waitEffects(n, time.Minute)
+	r.Stop(t)
+	if rows, distinct := e.effects(); rows != n || distinct != n {
+		t.Fatalf("%d effect rows for %d distinct messages, want %d; %s", rows, distinct, n, h)
+	}
+	var outOfOrder int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM (
+  SELECT off < lag(off) OVER (PARTITION BY lane ORDER BY n) AS back FROM effects) AS x WHERE back`).Scan(&outOfOrder); err != nil {
+		t.Fatal(err)
+	}
+	if outOfOrder > 0 {
+		t.Fatalf("%d effects committed before an effect of a lower offset of their partition", outOfOrder)
+	}
+	if src.releases.Load() == 0 {
+		t.Error("no batch was released while it committed: the test did not pipeline")
 	}
 }

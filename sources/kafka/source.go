@@ -52,6 +52,7 @@ type Source struct {
 	// pipelined: a partition's next batch is handed out while its last one
 	// commits (Pipeline, pipeline.go).
 	pipelined atomic.Bool
+	releases  atomic.Int64 // batches released while they commit
 
 	mu     sync.Mutex
 	lanes  []*lane // active and revoking lanes, each open in sched
