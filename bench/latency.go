@@ -79,6 +79,8 @@ type LatencyResult struct {
 	Other int
 	// OtherErr is the last of those outcomes' errors.
 	OtherErr string
+	// Tail is where the slowest 1% of the messages spent their time.
+	Tail TailProfile
 }
 
 // Sustained says whether the consumer kept up with the offered rate: it
@@ -126,6 +128,7 @@ func KafkaLatency(ctx context.Context, pool *pgxpool.Pool, k *kafkatest.Cluster,
 	var assignOnce sync.Once
 	src, err := kafka.New(pool, kafka.Config{Brokers: k.Brokers(), Group: kafkatest.Name("latency"), Topics: []string{topic},
 		MaxWait: kafkatest.MaxWait, SessionTimeout: kafkatest.SessionTimeout, HeartbeatInterval: kafkatest.HeartbeatInterval,
+		Pipeline: opts.Pipeline,
 		OnAssigned: func(_ context.Context, ps []kafka.TopicPartition) {
 			if nAssigned.Add(int64(len(ps))) >= LatencyPartitions {
 				assignOnce.Do(func() { close(assigned) })
@@ -139,7 +142,13 @@ func KafkaLatency(ctx context.Context, pool *pgxpool.Pool, k *kafkatest.Cluster,
 	if err != nil {
 		return LatencyResult{}, err
 	}
-	cfg := consumer.Config{Name: "bench", Strategy: strategy, BatchSize: LatencyBatch, Concurrency: LatencyPartitions,
+	// With Pipeline, two goroutines a lane: a lane's next batch claims
+	// while its last one commits (consumer.PipelineSource).
+	concurrency := LatencyPartitions
+	if opts.Pipeline {
+		concurrency *= 2
+	}
+	cfg := consumer.Config{Name: "bench", Strategy: strategy, BatchSize: LatencyBatch, Concurrency: concurrency,
 		Hooks: []consumer.Hook{clock}}
 	s.configure(&cfg)
 	c, err := consumer.New(pool, src, cfg)

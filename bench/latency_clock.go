@@ -1,7 +1,9 @@
 package bench
 
 import (
+	"cmp"
 	"context"
+	"fmt"
 	"math"
 	"slices"
 	"strconv"
@@ -34,16 +36,29 @@ type commitClock struct {
 	claim, handle, commit          time.Duration
 	other                          int
 	otherErr                       string
+	// samples and lanes are for the tail profile: every window message
+	// with its batch, and every lane's batches in the order they started.
+	samples []sample
+	lanes   map[string][]*batchTimes
 }
 
 type batchTimes struct {
-	start, commit time.Time
-	left          int // messages not yet reported
+	start, commit, end     time.Time
+	left                   int // messages not yet reported
+	lane                   string
+	size                   int
+	claim, handle, commit_ time.Duration
+}
+
+// sample is one window message's timing, for the tail profile.
+type sample struct {
+	sent time.Time
+	b    *batchTimes
 }
 
 func newCommitClock() *commitClock {
 	return &commitClock{all: make(chan struct{}), want: math.MaxInt64,
-		starts: map[uint64]time.Time{}, batches: map[uint64]*batchTimes{}}
+		starts: map[uint64]time.Time{}, batches: map[uint64]*batchTimes{}, lanes: map[string][]*batchTimes{}}
 }
 
 // set sets the window and the number of messages that ends the wait.
@@ -62,7 +77,8 @@ func (c *commitClock) BatchStart(ctx context.Context, b consumer.BatchInfo) cont
 }
 
 func (c *commitClock) BatchDone(_ context.Context, st *consumer.BatchStats) {
-	commit := time.Now().Add(-st.Ack - st.Standby)
+	end := time.Now()
+	commit := end.Add(-st.Ack - st.Standby)
 	c.mu.Lock()
 	start := c.starts[st.Batch]
 	delete(c.starts, st.Batch)
@@ -71,7 +87,10 @@ func (c *commitClock) BatchDone(_ context.Context, st *consumer.BatchStats) {
 		c.otherErr = st.Err.Error()
 	}
 	if left := st.Applied + st.Duplicate + st.Mismatch + st.Parked + st.Retried + st.Unknown; left > 0 {
-		c.batches[st.Batch] = &batchTimes{start: start, commit: commit, left: left}
+		bt := &batchTimes{start: start, commit: commit, end: end, left: left, lane: st.Lane, size: st.Size,
+			claim: st.Claim, handle: st.Handle, commit_: st.Commit}
+		c.batches[st.Batch] = bt
+		c.lanes[st.Lane] = append(c.lanes[st.Lane], bt)
 	}
 	if st.Err == nil && !commit.Before(c.w0) && commit.Before(c.w1) {
 		c.committed += st.Applied
@@ -118,6 +137,7 @@ func (c *commitClock) MessageDone(_ context.Context, e consumer.MessageEvent) {
 	c.lat = append(c.lat, b.commit.Sub(sent))
 	c.toStart = append(c.toStart, b.start.Sub(sent))
 	c.inBatch = append(c.inBatch, b.commit.Sub(b.start))
+	c.samples = append(c.samples, sample{sent: sent, b: b})
 }
 
 var (
@@ -145,6 +165,79 @@ func (c *commitClock) result(r *LatencyResult, window time.Duration, inWindow in
 	}
 	r.P50, r.P99, r.Max = percentile(lat, 50), percentile(lat, 99), percentile(lat, 100)
 	r.ToStart, r.InBatch = percentile(slices.Clone(c.toStart), 50), percentile(slices.Clone(c.inBatch), 50)
+	r.Tail = c.tail()
+}
+
+// tail profiles the slowest 1% of the window's messages: where their time
+// went, on average. Busy is the part of the wait before their batch
+// started during which their lane had an earlier batch in flight (from
+// its start to its BatchDone); Before is the rest of that wait (produce,
+// broker, fetch, or a lane free but not yet handed out). Their own
+// batch's phases follow, and those of the batch they waited behind last.
+func (c *commitClock) tail() TailProfile {
+	if len(c.samples) == 0 {
+		return TailProfile{}
+	}
+	ss := slices.Clone(c.samples)
+	slices.SortFunc(ss, func(a, b sample) int { return cmp.Compare(a.b.commit.Sub(a.sent), b.b.commit.Sub(b.sent)) })
+	top := ss[len(ss)*99/100:]
+	var t TailProfile
+	t.N = len(top)
+	for _, s := range top {
+		t.Latency += s.b.commit.Sub(s.sent)
+		t.ToStart += s.b.start.Sub(s.sent)
+		t.InBatch += s.b.commit.Sub(s.b.start)
+		t.Claim += s.b.claim
+		t.Handle += s.b.handle
+		t.Commit += s.b.commit_
+		t.Size += s.b.size
+		var prev *batchTimes
+		for _, o := range c.lanes[s.b.lane] {
+			if o == s.b {
+				break
+			}
+			lo, hi := o.start, o.end
+			if s.sent.After(lo) {
+				lo = s.sent
+			}
+			if s.b.start.Before(hi) {
+				hi = s.b.start
+			}
+			if hi.After(lo) {
+				t.Busy += hi.Sub(lo)
+			}
+			prev = o
+		}
+		if prev != nil {
+			t.PrevTotal += prev.end.Sub(prev.start)
+			t.PrevCommit += prev.commit_
+			t.PrevSize += prev.size
+			t.Gap += max(0, s.b.start.Sub(prev.end))
+		}
+	}
+	n := time.Duration(t.N)
+	t.Latency, t.ToStart, t.InBatch, t.Busy = t.Latency/n, t.ToStart/n, t.InBatch/n, t.Busy/n
+	t.Claim, t.Handle, t.Commit = t.Claim/n, t.Handle/n, t.Commit/n
+	t.PrevTotal, t.PrevCommit, t.Gap = t.PrevTotal/n, t.PrevCommit/n, t.Gap/n
+	t.Size /= t.N
+	t.PrevSize /= t.N
+	return t
+}
+
+// TailProfile is the mean timing of the slowest 1% of a run's messages
+// (see commitClock.tail).
+type TailProfile struct {
+	N                               int
+	Latency, ToStart, Busy, InBatch time.Duration
+	Claim, Handle, Commit           time.Duration
+	Size, PrevSize                  int
+	PrevTotal, PrevCommit, Gap      time.Duration
+}
+
+func (t TailProfile) String() string {
+	return fmt.Sprintf("tail (slowest %d): latency %s = to start %s (lane busy %s) + in batch %s (claim %s, handle %s, commit %s; size %d); batch before: %s (commit %s; size %d), gap after it %s",
+		t.N, latMS(t.Latency), latMS(t.ToStart), latMS(t.Busy), latMS(t.InBatch), latMS(t.Claim), latMS(t.Handle), latMS(t.Commit), t.Size,
+		latMS(t.PrevTotal), latMS(t.PrevCommit), t.PrevSize, latMS(t.Gap))
 }
 
 // percentile sorts d and returns its p-th percentile (0 when d is empty).

@@ -26,6 +26,10 @@ type LatencyOptions struct {
 	// rate, then measure 1,000 and 20,000 messages a second, half that
 	// rate and that rate.
 	Search bool
+	// Pipeline runs the source with kafka.Config.Pipeline and the consumer
+	// with two goroutines a lane, so that a partition's next batch claims
+	// while its last one commits.
+	Pipeline bool
 	// SearchFrom is the rate the search starts doubling from. Defaults to
 	// 5,000.
 	SearchFrom float64
@@ -85,7 +89,7 @@ func LatencyTable(ctx context.Context, url string, k *kafkatest.Cluster, opts La
 	if err != nil {
 		return err
 	}
-	pcfg.MaxConns = LatencyPartitions + 4 // the lanes, the source's claims and the checks
+	pcfg.MaxConns = 2*LatencyPartitions + 4 // up to two batches a lane, the source's claims and the checks
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
@@ -107,6 +111,7 @@ func LatencyTable(ctx context.Context, url string, k *kafkatest.Cluster, opts La
 			label, s, rate, r.Achieved, latMS(r.P50), latMS(r.P99), latMS(r.Max), r.Batch, latMS(r.ToStart), latMS(r.InBatch),
 			latMS(r.Claim), latMS(r.Handle), latMS(r.Commit),
 			r.LagStart, r.LagEnd, latMS(r.ProducerLate), r.Sustained(), otherNote(r))
+		fmt.Fprintf(log, "  %s\n", r.Tail)
 		return r, nil
 	}
 	// points measures every shape at every rate of rates(shape), runs
@@ -150,6 +155,9 @@ func LatencyTable(ctx context.Context, url string, k *kafkatest.Cluster, opts La
 		"Producer: franz-go, open-loop at the offered rate (linger 1 ms); latency = batch COMMIT − scheduled send, of the messages due in a %s window after %s of warm-up; median of %d run(s).\n",
 		version, LatencyPartitions, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02"), LatencyBatch, LatencyPartitions,
 		opts.Duration, opts.Warmup, opts.Runs)
+	if opts.Pipeline {
+		fmt.Fprintf(out, "Pipelined: kafka.Config.Pipeline, %d consumer goroutines.\n", 2*LatencyPartitions)
+	}
 	if len(opts.Rates) > 0 {
 		res, err := points(func(Shape) []float64 { return opts.Rates })
 		if err != nil {

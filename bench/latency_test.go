@@ -25,7 +25,7 @@ func TestKafkaLatency(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pcfg.MaxConns = bench.LatencyPartitions + 4
+	pcfg.MaxConns = 2*bench.LatencyPartitions + 4
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		t.Fatal(err)
@@ -42,6 +42,14 @@ func TestKafkaLatency(t *testing.T) {
 		if r.Samples != 400 || r.NotCommitted != 0 || r.Other != 0 || r.P50 <= 0 || r.P99 < r.P50 || r.Max < r.P99 {
 			t.Errorf("%s: %+v; want 400 samples, all committed and applied, ordered percentiles", s, r)
 		}
+	}
+
+	piped := opts
+	piped.Pipeline = true
+	if r, err := bench.KafkaLatency(ctx, pool, k, bench.ShapeBatch, 400, piped); err != nil {
+		t.Fatalf("pipelined: %v", err)
+	} else if r.Samples != 400 || r.NotCommitted != 0 || r.Other != 0 {
+		t.Errorf("pipelined: %+v; want 400 samples, all committed and applied", r)
 	}
 
 	var out, log strings.Builder

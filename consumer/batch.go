@@ -20,6 +20,8 @@ import (
 //	         each:
 //	  admit    (order.go) what may run now; the ordering decision
 //	  claim    (claim.go) the strategy's verdicts; duplicates settle here
+//	  await    a PipelineSource's lane: the batch before it settled (before
+//	           admit for a sequenced strategy)
 //	  handle   (handle.go) fast, or under savepoints (isolate.go)
 //	  commit   (commit.go) parked rows, the source's state, COMMIT, and
 //	           the strategy told what committed
@@ -122,6 +124,9 @@ type passMode struct {
 func (c *Consumer) decide(ctx context.Context, b *Batch, items []*item, st *BatchStats) error {
 	var mode passMode
 	for attempt := 1; ; attempt++ {
+		if attempt > 1 && c.pipeline != nil {
+			c.pipeline.Recall(b)
+		}
 		st.Isolated = st.Isolated || mode.isolated
 		err := c.pass(ctx, b, items, st, mode)
 		var ke *dedupe.KeyError
@@ -184,6 +189,11 @@ func (c *Consumer) pass(ctx context.Context, b *Batch, items []*item, st *BatchS
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
+	if c.pipeline != nil && c.sequenced {
+		if err := c.pipeline.AwaitPrevious(ctx, b); err != nil {
+			return fmt.Errorf("source: %w", err)
+		}
+	}
 	run, g := c.admit(items)
 	fast, slow := run, []*item(nil)
 	if mode.isolated {
@@ -196,6 +206,13 @@ func (c *Consumer) pass(ctx context.Context, b *Batch, items []*item, st *BatchS
 	news, err := c.claim(ctx, tx, fast, st)
 	if err != nil {
 		return err
+	}
+	if c.pipeline != nil && !c.sequenced {
+		// Claimed while the lane's last batch committed; its handlers may
+		// read what that one wrote.
+		if err := c.pipeline.AwaitPrevious(ctx, b); err != nil {
+			return fmt.Errorf("source: %w", err)
+		}
 	}
 	idle, err := c.handleAll(ctx, tx, c.parkDecided(news), st, mode)
 	if err != nil {

@@ -20,6 +20,7 @@ type capabilities struct {
 
 	// Of the source.
 	txsrc        TxSource        // BeforeCommit in every batch transaction
+	pipeline     PipelineSource  // a lane's next batch handed out while its last one commits
 	horizon      HorizonSource   // redelivery horizon, compared with the retention
 	contentIDs   ContentIDSource // content-derived IDs' window, compared with the retention
 	keepRetrying bool            // an ExhaustionSource that leaves exhausted messages to its broker
@@ -43,6 +44,7 @@ func resolveCapabilities(s dedupe.Strategy, src Source) capabilities {
 		return c
 	}
 	c.txsrc, _ = src.(TxSource)
+	c.pipeline, _ = src.(PipelineSource)
 	c.horizon, _ = src.(HorizonSource)
 	c.contentIDs, _ = src.(ContentIDSource)
 	if es, ok := src.(ExhaustionSource); ok {

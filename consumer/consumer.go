@@ -151,6 +151,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer stopTimer()
 
 	c.log.Info("consumer starting", "strategy", c.cfg.Strategy.Name(), "batch_size", c.cfg.BatchSize, "concurrency", c.cfg.Concurrency)
+	if c.pipeline != nil {
+		c.pipeline.Pipeline() // this consumer calls AwaitPrevious and Recall
+	}
 	var background sync.WaitGroup
 	c.startBackground(fetching, &background)
 	var (

@@ -155,6 +155,10 @@
 //     BeforeCommit runs in every batch transaction after the batch's
 //     messages were settled in it; an error wrapping ErrFenced rolls the
 //     batch back and drops it, since another consumer owns the lane.
+//   - PipelineSource (sources/kafka): a lane's next batch is handed out
+//     while its last one commits; the next one claims meanwhile (unless
+//     the strategy is sequenced) and runs its handlers once the last one
+//     committed, or rolls back and is delivered again after it.
 //   - HorizonSource (sources/kafka: the topics' retention; sources/sqs: the
 //     queue's retention period): at start-up the consumer warns when the
 //     strategy's retention (dedupe.Retainer) is shorter, since a message

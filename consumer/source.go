@@ -144,6 +144,38 @@ type TxSource interface {
 	BeforeCommit(ctx context.Context, tx pgx.Tx, b *Batch, ack []*Message) error
 }
 
+// PipelineSource is implemented by a TxSource that can hand out a lane's
+// next batch while the lane's last batch commits (sources/kafka). The
+// consumer calls Pipeline when Run starts, to say that it calls
+// AwaitPrevious and Recall as below; until then the source keeps to one
+// batch in flight per lane as every Source does. After it, once
+// BeforeCommit returned nil for a batch, the next batch of its lane may be
+// fetched (by another of the consumer's goroutines, so only while fewer
+// lanes are busy than Config.Concurrency), before the first has been
+// settled. The handlers of the next batch still run only after the first
+// committed, since they may read what it wrote:
+//
+//   - AwaitPrevious is called once in every pass over a batch, after its
+//     claim and before its handlers, or, for a sequenced strategy (whose
+//     claims and order depend on the commits before), before its claim.
+//     It blocks until the batch handed out before b in its lane, if that
+//     one is still to be settled, has been, and returns nil when nothing
+//     that batch left undone concerns b (every message acknowledged, or
+//     retried after a delay). Otherwise it returns an error (one wrapping
+//     ErrFenced when the lane was lost): b's pass rolls back and b is
+//     settled with nothing acknowledged, to be delivered again after the
+//     messages before it.
+//   - Recall is called before every pass over a batch after the first: a
+//     batch whose BeforeCommit ran may not have committed and runs again,
+//     so a batch handed out after it must roll back rather than wait for
+//     it (its claims may hold what the new pass claims).
+type PipelineSource interface {
+	TxSource
+	Pipeline()
+	AwaitPrevious(ctx context.Context, b *Batch) error
+	Recall(b *Batch)
+}
+
 // HorizonSource is implemented by sources that know how long after a
 // delivery the same message can be delivered again (Kafka retention, SQS
 // retention). The consumer asks at start-up and warns when its strategy's

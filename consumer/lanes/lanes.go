@@ -42,7 +42,8 @@ type Config struct {
 //
 //   - order within a lane: messages are handed out in the order they were
 //     added, and a lane is never handed to two Next calls at once: it is
-//     busy from Next until its batch is settled;
+//     busy from Next until its batch is settled (or released while it
+//     commits, see Release);
 //   - lanes in parallel: any number of lanes can be in flight at once;
 //   - delayed redelivery: a retried message is handed out again once its
 //     delay is over, an abandoned one at once, before the lane's messages
@@ -87,11 +88,18 @@ type laneQueue struct {
 	retries  []laneSlot // handed back, by lane order
 	inFlight *consumer.Batch
 	seqs     []uint64 // lane order of inFlight's messages, by position
-	next     uint64   // lane order of the next message added
-	reserved int
-	stopped  bool
-	removed  bool
-	queued   bool // in Lanes.ready
+	// committing is a batch that Release let go of the lane while its
+	// outcome commits, with the lane order of its messages: it is still
+	// to be settled, and inFlight, if any, came after it.
+	committing     *consumer.Batch
+	committingSeqs []uint64
+	held           bool            // committing runs again: hand nothing out (Hold)
+	after          *consumer.Batch // committing when inFlight was handed out
+	next           uint64          // lane order of the next message added
+	reserved       int
+	stopped        bool
+	removed        bool
+	queued         bool // in Lanes.ready
 }
 
 // New returns an empty Lanes.
@@ -142,6 +150,9 @@ func (s *Lanes) Remove(name string) (inFlight *consumer.Batch, retries []*consum
 		retries = append(retries, r.m)
 	}
 	inFlight = l.inFlight
+	if inFlight == nil {
+		inFlight = l.committing
+	}
 	s.removeLocked(l)
 	return inFlight, retries
 }
@@ -149,6 +160,7 @@ func (s *Lanes) Remove(name string) (inFlight *consumer.Batch, retries []*consum
 func (s *Lanes) removeLocked(l *laneQueue) {
 	s.fresh -= len(l.fresh)
 	l.fresh, l.retries, l.inFlight, l.seqs = nil, nil, nil, nil
+	l.committing, l.committingSeqs, l.held, l.after = nil, nil, false, nil
 	l.removed = true
 	delete(s.waiting, l)
 	delete(s.lanes, l.name)
@@ -372,7 +384,7 @@ func (s *Lanes) take(l *laneQueue, limit int, now time.Time) *consumer.Batch {
 		l.fresh = nil
 	}
 	s.fresh -= n
-	l.inFlight = b
+	l.inFlight, l.after = b, l.committing
 	delete(s.waiting, l)
 	if n > 0 && s.blocked > 0 {
 		s.broadcast() // room for Reserve
@@ -410,7 +422,7 @@ func (l *laneQueue) firstDue() time.Time {
 
 // handable reports whether Next may hand out l's messages now.
 func (l *laneQueue) handable(now time.Time) bool {
-	if l.removed || l.stopped || l.inFlight != nil {
+	if l.removed || l.stopped || l.inFlight != nil || l.held {
 		return false
 	}
 	return len(l.fresh) > 0 || (len(l.retries) > 0 && !l.firstDue().After(now))
@@ -421,7 +433,7 @@ func (l *laneQueue) handable(now time.Time) bool {
 // of it is left. s.mu must be held.
 func (s *Lanes) update(l *laneQueue, now time.Time) {
 	switch {
-	case l.removed || l.stopped || l.inFlight != nil:
+	case l.removed || l.stopped || l.inFlight != nil || l.held:
 		delete(s.waiting, l)
 	case l.handable(now):
 		delete(s.waiting, l)
@@ -431,21 +443,80 @@ func (s *Lanes) update(l *laneQueue, now time.Time) {
 		}
 	case len(l.retries) > 0:
 		s.waiting[l] = struct{}{}
-	case s.cfg.AutoLanes && len(l.fresh) == 0 && l.reserved == 0 && !l.queued:
+	case s.cfg.AutoLanes && len(l.fresh) == 0 && l.reserved == 0 && !l.queued && l.committing == nil:
 		delete(s.lanes, l.name)
 		l.removed = true
 	}
 }
 
-// inFlight returns the lane of b when b is its batch in flight. s.mu must
-// be held.
+// inFlight returns the lane of b when b is its batch in flight or the
+// batch it released while b commits. s.mu must be held.
 func (s *Lanes) inFlight(b *consumer.Batch) *laneQueue {
 	if b == nil {
 		return nil
 	}
 	l := s.lanes[b.Lane]
-	if l == nil || l.inFlight != b {
+	if l == nil || (l.inFlight != b && l.committing != b) {
 		return nil
 	}
 	return l
+}
+
+// done ends b's flight: b is l's batch in flight or its committing one.
+// It returns the lane order of b's messages. s.mu must be held.
+func (l *laneQueue) done(b *consumer.Batch) []uint64 {
+	if l.committing == b {
+		seqs := l.committingSeqs
+		// l.after stays: it tells the source what inFlight came after.
+		l.committing, l.committingSeqs, l.held = nil, nil, false
+		return seqs
+	}
+	seqs := l.seqs
+	l.inFlight, l.seqs, l.after = nil, nil, nil
+	return seqs
+}
+
+// Release lets b's lane hand out its next batch while b, its batch in
+// flight, commits: b is still to be settled (Settle, Finish), and until
+// it is, the lane can have one more batch in flight, handed out after b's
+// messages and before those of any batch after it. A source calls it once
+// b's outcome is decided and being committed, when nothing b's commit
+// leaves undone can change what the next batch may do (see
+// sources/kafka's Source.AwaitPrevious). It returns false, and changes
+// nothing, when b is not its lane's batch in flight or the lane has a
+// batch committing already: a lane has at most two batches in flight.
+func (s *Lanes) Release(b *consumer.Batch) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.inFlight(b)
+	switch {
+	case l == nil:
+		return false
+	case l.committing == b && l.held:
+		l.held = false // released again, after Hold
+	case l.inFlight != b || l.committing != nil:
+		return false
+	default:
+		l.committing, l.committingSeqs = b, l.seqs
+		l.inFlight, l.seqs, l.after = nil, nil, nil
+	}
+	s.update(l, time.Now())
+	s.broadcast()
+	return true
+}
+
+// Hold takes back Release for b, a batch that was released and runs
+// again (its commit failed before it was settled): its lane hands nothing
+// out until b is settled or released again. It returns false when b is
+// not its lane's committing batch.
+func (s *Lanes) Hold(b *consumer.Batch) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.inFlight(b)
+	if l == nil || l.committing != b {
+		return false
+	}
+	l.held = true
+	s.update(l, time.Now())
+	return true
 }

@@ -37,22 +37,22 @@ func (s *Lanes) settleLocked(b *consumer.Batch, ack []*consumer.Message, retry [
 	for i, m := range b.Messages {
 		pos[m] = i
 	}
+	seqs := l.done(b)
 	for _, r := range retry {
 		i, ok := pos[r.Message]
 		if !ok || done[r.Message] {
 			continue
 		}
 		done[r.Message] = true
-		l.retries = append(l.retries, laneSlot{seq: l.seqs[i], m: r.Message, due: now.Add(r.Delay)})
+		l.retries = append(l.retries, laneSlot{seq: seqs[i], m: r.Message, due: now.Add(r.Delay)})
 	}
 	for i, m := range b.Messages {
 		if !done[m] {
 			done[m] = true
-			l.retries = append(l.retries, laneSlot{seq: l.seqs[i], m: m, due: now})
+			l.retries = append(l.retries, laneSlot{seq: seqs[i], m: m, due: now})
 		}
 	}
 	slices.SortFunc(l.retries, bySeq)
-	l.inFlight, l.seqs = nil, nil
 	s.update(l, now)
 	s.broadcast()
 	return true
@@ -72,7 +72,7 @@ func (s *Lanes) Finish(b *consumer.Batch, drop bool) (ok bool, dropped []*consum
 	if l == nil {
 		return false, nil
 	}
-	l.inFlight, l.seqs = nil, nil
+	l.done(b)
 	if drop {
 		for _, f := range l.fresh {
 			dropped = append(dropped, f.m)
@@ -99,6 +99,7 @@ func (s *Lanes) Reset(name string, b *consumer.Batch, msgs []*consumer.Message) 
 	}
 	s.fresh -= len(l.fresh)
 	l.fresh, l.retries, l.inFlight, l.seqs = l.fresh[:0], nil, nil, nil
+	l.committing, l.committingSeqs = nil, nil
 	s.appendFresh(l, msgs)
 	return true
 }
@@ -111,6 +112,15 @@ type State struct {
 	Stopped bool
 	// InFlight is the lane's batch in flight, or nil.
 	InFlight *consumer.Batch
+	// Committing is the batch that Release let go of the lane while it
+	// commits, not yet settled, or nil.
+	Committing *consumer.Batch
+	// After is, for InFlight, the batch that was committing when it was
+	// handed out (the batch before it in the lane, not settled then), or
+	// nil.
+	After *consumer.Batch
+	// Held: Committing runs again (Hold), and the lane hands nothing out.
+	Held bool
 	// Buffered counts the messages added and not yet delivered.
 	Buffered int
 	// Retries are the messages handed back and waiting to be delivered
@@ -126,7 +136,7 @@ func (s *Lanes) Lane(name string) State {
 	if l == nil {
 		return State{}
 	}
-	st := State{Exists: true, Stopped: l.stopped, InFlight: l.inFlight, Buffered: len(l.fresh)}
+	st := State{Exists: true, Stopped: l.stopped, InFlight: l.inFlight, Committing: l.committing, After: l.after, Held: l.held, Buffered: len(l.fresh)}
 	for _, r := range l.retries {
 		st.Retries = append(st.Retries, r.m)
 	}
@@ -138,7 +148,7 @@ func (s *Lanes) Idle() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, l := range s.lanes {
-		if l.inFlight != nil || len(l.fresh) > 0 || len(l.retries) > 0 {
+		if l.inFlight != nil || l.committing != nil || len(l.fresh) > 0 || len(l.retries) > 0 {
 			return false
 		}
 	}

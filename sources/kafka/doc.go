@@ -5,8 +5,28 @@
 // Config.DialTimeout) to read the partitions.
 //
 // Every assigned partition is a lane: partitions are processed in parallel,
-// records of one partition in offset order, and a partition never has more
-// than one batch in flight.
+// records of one partition in offset order, and a partition has one batch
+// in flight, or, with Config.Pipeline, two while the first commits (below).
+//
+// # Pipelined partitions
+//
+// With Config.Pipeline, and run by a consumer (which implements
+// consumer.PipelineSource's side of it), a partition's next batch is
+// handed out as soon as the last one's
+// offset is written in its transaction, before its COMMIT, when one of the
+// consumer's goroutines is free (consumer.Config.Concurrency above the
+// number of busy partitions; give the pool a connection for each). That
+// batch claims its keys while the first commits (a sequenced strategy
+// such as highwater waits first, since its verdicts depend on the commit
+// before), then waits: its handlers run, and its offset is written, only
+// once the first was settled with every message acknowledged or retried
+// after a delay, so they see what the first wrote and commit after it.
+// When the first did not commit whole (rolled back, fenced, abandoned, or
+// run again after a refused COMMIT), the second rolls back and its
+// records are delivered again after the first's, in offset order; its
+// handlers may have run once in the rolled-back transaction. The offset
+// committed to Kafka and the one stored in Postgres never pass a record
+// of either batch before it committed.
 //
 // # Offsets in Postgres
 //

@@ -304,10 +304,15 @@ func (s *Source) revoke(g *generation) {
 	}
 	abandoned := 0
 	for _, l := range g.lanes {
-		inFlight, retries := s.sched.Remove(l.name)
-		s.rememberCounts(l, inFlight, retries)
+		st := s.sched.Lane(l.name)
+		_, retries := s.sched.Remove(l.name)
+		s.rememberCounts(l, []*consumer.Batch{st.Committing, st.InFlight}, retries)
 		l.state = laneRevoked
-		if inFlight != nil {
+		s.dropReleases(l, fmt.Errorf("kafka: partition %s was revoked from generation %d: %w", l.name, l.gen.id, consumer.ErrFenced))
+		if st.InFlight != nil {
+			abandoned++
+		}
+		if st.Committing != nil {
 			abandoned++
 		}
 	}
@@ -329,7 +334,7 @@ func (s *Source) revoke(g *generation) {
 // inFlight reports whether one of lanes has a batch in flight.
 func (s *Source) inFlight(lanes []*lane) bool {
 	for _, l := range lanes {
-		if s.sched.Lane(l.name).InFlight != nil {
+		if st := s.sched.Lane(l.name); st.InFlight != nil || st.Committing != nil {
 			return true
 		}
 	}

@@ -20,7 +20,14 @@ import (
 // sender's messages are applied once and in order, although some were sent
 // twice and one failed on its first attempt (its sender's later messages
 // wait for it as gaps).
-func TestEngineSequenceHeaders(t *testing.T) {
+func TestEngineSequenceHeaders(t *testing.T) { engineSequenceHeaders(t, false) }
+
+// TestEngineSequenceHeadersPipelined: the same with Config.Pipeline, a
+// partition's next batch handed out while its last one commits (the
+// sequenced strategy claims only after that commit).
+func TestEngineSequenceHeadersPipelined(t *testing.T) { engineSequenceHeaders(t, true) }
+
+func engineSequenceHeaders(t *testing.T, pipeline bool) {
 	const senders, perSender = 3, 100
 	e := newEnv(t, 2)
 	if _, err := e.pool.Exec(context.Background(), `ALTER TABLE effects ADD COLUMN n bigserial`); err != nil {
@@ -54,8 +61,9 @@ func TestEngineSequenceHeaders(t *testing.T) {
 	}
 	var failedOnce atomic.Bool
 	h := &consumertest.Counter{}
-	c := e.engine(e.source(), h, func(cfg *consumer.Config) {
+	c := e.engine(e.source(func(c *Config) { c.Pipeline = pipeline }), h, func(cfg *consumer.Config) {
 		cfg.Strategy = strategy
+		cfg.Concurrency = 4 // two partitions: a goroutine to spare for each
 		cfg.KeyFunc = SequenceKey("sender", "seq")
 		cfg.GapDelay = 20 * time.Millisecond
 		cfg.BatchHandler = nil

@@ -1,6 +1,8 @@
 package kafka
 
 import (
+	"slices"
+
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/lanes"
 )
@@ -50,14 +52,27 @@ type lane struct {
 	// offsets (see origin.go); -1 until known (the fetcher resolves a
 	// start such as kafkago.FirstOffset).
 	origin int64
+
+	// rel is the release of the lane's batch that BeforeCommit let go of
+	// the lane while it commits (see pipeline.go), until it is settled;
+	// lastRel the one before, kept for a batch handed out before it was
+	// settled and fetched after.
+	rel, lastRel *release
+	// waitFor is what the lane's batch in flight, waiter, handed out while
+	// the batch before it committed, waits for before its handlers run.
+	waiter  *consumer.Batch
+	waitFor *release
 }
 
 func offsetOf(m *consumer.Message) int64 { return m.SourceData.(*delivery).offset }
 
-// handedOut records that b was handed out, buffered records being left
-// in the scheduler.
-func (l *lane) handedOut(b *consumer.Batch, buffered int) {
-	l.writing, l.writingHigh = -1, -1
+// handedOut records that b was handed out, st being its lane's state in
+// the scheduler after that.
+func (l *lane) handedOut(b *consumer.Batch, st lanes.State) {
+	if st.Committing == nil { // else what the committing batch wrote is still to settle
+		l.writing, l.writingHigh = -1, -1
+	}
+	buffered := st.Buffered
 	for _, m := range b.Messages {
 		l.delivered = max(l.delivered, offsetOf(m)+1)
 	}
@@ -88,6 +103,19 @@ func (l *lane) nextOffset(retries, batch []*consumer.Message, acked map[*consume
 	return next
 }
 
+// outstanding is what of l is handed out or handed back and not settled,
+// b aside: the messages waiting for a retry, and those of the lane's other
+// batch in flight (one committing, or the one after it).
+func outstanding(st lanes.State, b *consumer.Batch) []*consumer.Message {
+	out := st.Retries
+	for _, o := range []*consumer.Batch{st.Committing, st.InFlight} {
+		if o != nil && o != b {
+			out = append(slices.Clip(out), o.Messages...)
+		}
+	}
+	return out
+}
+
 // known is the position the offsets table is known to hold.
 func (l *lane) known() position { return position{next: l.persisted, high: l.persistedHigh} }
 
@@ -113,7 +141,7 @@ func (l *lane) skipTo(next int64, st lanes.State, store bool) (target int64, wri
 	if st.Buffered == 0 {
 		l.delivered = max(l.delivered, l.fetched)
 	}
-	if l.state != laneActive || l.fenced || st.InFlight != nil || st.Buffered > 0 || len(st.Retries) > 0 || l.delivered < 0 {
+	if l.state != laneActive || l.fenced || st.InFlight != nil || st.Committing != nil || st.Buffered > 0 || len(st.Retries) > 0 || l.delivered < 0 {
 		return 0, false
 	}
 	if l.delivered > l.committed {
@@ -174,9 +202,9 @@ func (s *Source) firstAttempt(l *lane, off int64) int {
 }
 
 // rememberCounts records, as l's generation ends, how often l's records
-// not yet committed were delivered: those of its batch in flight and those
-// waiting for a retry.
-func (s *Source) rememberCounts(l *lane, inFlight *consumer.Batch, retries []*consumer.Message) {
+// not yet committed were delivered: those of its batches in flight (one
+// committing and the one after it) and those waiting for a retry.
+func (s *Source) rememberCounts(l *lane, inFlight []*consumer.Batch, retries []*consumer.Message) {
 	tp := topicPartition{l.topic, l.partition}
 	c := s.counts[tp]
 	if c == nil {
@@ -193,9 +221,11 @@ func (s *Source) rememberCounts(l *lane, inFlight *consumer.Batch, retries []*co
 	for _, r := range retries {
 		note(r)
 	}
-	if inFlight != nil {
-		for _, m := range inFlight.Messages {
-			note(m)
+	for _, b := range inFlight {
+		if b != nil {
+			for _, m := range b.Messages {
+				note(m)
+			}
 		}
 	}
 	s.forgetCounts(tp, l.committed)

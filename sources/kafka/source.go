@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/effectively-once/effectively/consumer"
 	"github.com/effectively-once/effectively/consumer/lanes"
@@ -48,6 +49,10 @@ type Source struct {
 	// sched hands out the lanes' records: one lane per assigned partition,
 	// named like the lane, whose SourceData is the *lane.
 	sched *lanes.Lanes
+	// pipelined: a partition's next batch is handed out while its last one
+	// commits (Pipeline, pipeline.go).
+	pipelined atomic.Bool
+	releases  atomic.Int64 // batches released while they commit
 
 	mu     sync.Mutex
 	lanes  []*lane // active and revoking lanes, each open in sched
@@ -166,7 +171,11 @@ func (s *Source) Fetch(ctx context.Context, max int) (*consumer.Batch, error) {
 	}
 	l := b.SourceData.(*lane)
 	s.mu.Lock()
-	l.handedOut(b, s.sched.Lane(l.name).Buffered)
+	st := s.sched.Lane(l.name)
+	l.handedOut(b, st)
+	if st.InFlight == b {
+		s.bindWaiter(l, b, st.After)
+	}
 	s.mu.Unlock()
 	return b, nil
 }
@@ -182,27 +191,42 @@ func (s *Source) BeforeCommit(ctx context.Context, tx pgx.Tx, b *consumer.Batch,
 	acked := ackSet(ack)
 	s.mu.Lock()
 	st := s.sched.Lane(l.name)
-	if st.InFlight != b || l.state == laneRevoked || l.fenced {
+	if (st.InFlight != b && st.Committing != b) || l.state == laneRevoked || l.fenced {
 		s.mu.Unlock()
 		return fmt.Errorf("kafka: partition %s was revoked from generation %d: %w", l.name, l.gen.id, consumer.ErrFenced)
 	}
-	next := l.nextOffset(st.Retries, b.Messages, acked)
+	if st.Committing != nil && st.Committing != b {
+		// The batch before b has not been settled: b's offset would
+		// acknowledge what may not commit. AwaitPrevious keeps this from
+		// happening.
+		s.mu.Unlock()
+		return fmt.Errorf("kafka: partition %s: the batch before this one has not been settled", l.name)
+	}
+	next := l.nextOffset(outstanding(st, b), b.Messages, acked)
 	to := position{next: next, high: highOffset(next, ack)}
 	if s.store != nil && len(ack) > 0 {
 		l.writing, l.writingHigh = to.next, to.high
 	}
 	known := l.known()
-	s.mu.Unlock()
 	if s.store == nil || len(ack) == 0 {
+		s.released(l, b)
+		s.mu.Unlock()
 		return nil
 	}
+	s.mu.Unlock()
 	err := s.store.write(ctx, tx, topicPartition{l.topic, l.partition}, l.gen.id, to, known)
-	if errors.Is(err, consumer.ErrFenced) {
-		s.mu.Lock()
+	s.mu.Lock()
+	switch {
+	case errors.Is(err, consumer.ErrFenced):
 		l.fenced = true
 		s.sched.Stop(l.name)
 		s.sched.Finish(b, false) // nothing of it is acknowledged or retried
-		s.mu.Unlock()
+		s.dropReleases(l, err)
+	case err == nil && l.state != laneRevoked && !l.fenced:
+		s.released(l, b)
+	}
+	s.mu.Unlock()
+	if errors.Is(err, consumer.ErrFenced) {
 		s.fenced(l, err)
 	}
 	return err
@@ -236,13 +260,16 @@ func (s *Source) Settle(ctx context.Context, b *consumer.Batch, ack []*consumer.
 	defer s.mu.Unlock()
 	if l.state == laneRevoked || l.fenced {
 		s.sched.Finish(b, false) // dropped: the lane's next owner delivers it again
+		s.settledRelease(l, b, nil, nil, fmt.Errorf("kafka: partition %s was revoked from generation %d: %w", l.name, l.gen.id, consumer.ErrFenced))
 		return nil
 	}
 	if !s.sched.Settle(b, ack, retry) {
+		s.settledRelease(l, b, nil, nil, fmt.Errorf("kafka: partition %s was revoked from generation %d: %w", l.name, l.gen.id, consumer.ErrFenced))
 		return nil // fenced or revoked meanwhile: dropped
 	}
+	s.settledRelease(l, b, ack, retry, nil)
 	before := l.committed
-	l.settled(s.sched.Lane(l.name).Retries, len(ack) > 0, s.store != nil)
+	l.settled(outstanding(s.sched.Lane(l.name), nil), len(ack) > 0, s.store != nil)
 	if l.committed > before {
 		l.notifyCommit()
 	}

@@ -13,7 +13,7 @@
 // and p50/p99 at 1,000 and 20,000 messages a second, half that rate and
 // that rate.
 //
-//	go run ./bench/cmd/latencytable [-duration 10s] [-rates 1000,20000] [-search] [-runs 1] [-shapes batch,queue]
+//	go run ./bench/cmd/latencytable [-duration 10s] [-rates 1000,20000] [-search] [-runs 1] [-shapes batch,queue] [-pipeline] [-cpuprofile f] [-memprofile f]
 //
 // It starts a throwaway PostgreSQL with fsync on (as production runs) unless
 // DATABASE_URL names a database to use; that database's ledger and
@@ -26,6 +26,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -39,16 +40,41 @@ func main() {
 	warmup := flag.Duration("warmup", 2*time.Second, "time each run produces before its window")
 	rates := flag.String("rates", "", "comma-separated offered rates in msgs/s (default 1000,20000 without -search, none with it)")
 	search := flag.Bool("search", false, "find each shape's highest sustained rate and report latency at 1k, 20k, half of it and it")
+	pipeline := flag.Bool("pipeline", false, "kafka.Config.Pipeline, with two consumer goroutines a partition")
 	runs := flag.Int("runs", 1, "runs per reported point; the median of each column is reported")
 	shapes := flag.String("shapes", "batch,queue", "comma-separated handler shapes: batch, queue, handler")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (producer, broker and consumer share the process) to this file")
+	memProfile := flag.String("memprofile", "", "write an allocation profile of the whole run to this file")
 	flag.Parse()
-	opts := bench.LatencyOptions{Duration: *duration, Warmup: *warmup, Search: *search, Runs: *runs}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "latencytable:", err)
+			os.Exit(1)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "latencytable:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if *memProfile != "" {
+		defer func() {
+			f, err := os.Create(*memProfile)
+			if err == nil {
+				_ = pprof.Lookup("allocs").WriteTo(f, 0)
+				_ = f.Close()
+			}
+		}()
+	}
+	opts := bench.LatencyOptions{Duration: *duration, Warmup: *warmup, Search: *search, Runs: *runs, Pipeline: *pipeline}
 	if err := parse(&opts, *rates, *shapes); err != nil {
 		fmt.Fprintln(os.Stderr, "latencytable:", err)
 		os.Exit(2)
 	}
 	if err := run(opts); err != nil {
 		fmt.Fprintln(os.Stderr, "latencytable:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
