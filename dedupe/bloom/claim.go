@@ -205,12 +205,12 @@ type insertArgs struct {
 // clock: the target slice, the span of clocks for which the plan holds,
 // and the (key, slice) pairs to probe.
 type claimPlan struct {
-	target, end    time.Time // the target slice: [target, end)
-	lo, hi         time.Time
-	scope, id      []string
-	slice          []time.Time
-	positive       map[pairKey]bool // pairs probed because a sealed filter said "maybe"
-	st             claimStats
+	target, end time.Time // the target slice: [target, end)
+	lo, hi      time.Time
+	scope, id   []string
+	slice       []time.Time
+	positive    map[pairKey]bool // pairs probed because a sealed filter said "maybe"
+	st          claimStats
 }
 
 func (p *claimPlan) args(in insertArgs) []any {
@@ -291,8 +291,8 @@ type claimResult struct {
 	barrier   int64 // the latest barrier's clock, in µs
 	marks     map[scopeID]*marker
 	unseen    map[scopeID]bool // keys whose marker readHeld must read
-	confirmed int64 // positives whose marker the probe found
-	held      int64 // keys whose marker the target slice already held
+	confirmed int64            // positives whose marker the probe found
+	held      int64            // keys whose marker the target slice already held
 }
 
 // readClaim reads the rows of claimSQL run with plan p, and learns the

@@ -29,10 +29,10 @@ const (
 
 // Row kinds returned by claimSQL.
 const (
-	rowFound    = 0 // a probed (key, slice) pair holds a marker
-	rowHeld     = 2 // the target slice already held the key's marker
-	rowClock    = 3 // the clocks, whether the claim ran, the count of keys inserted
-	rowUnseen   = 4 // the key's insert conflicted with a marker the snapshot does not see
+	rowFound  = 0 // a probed (key, slice) pair holds a marker
+	rowHeld   = 2 // the target slice already held the key's marker
+	rowClock  = 3 // the clocks, whether the claim ran, the count of keys inserted
+	rowUnseen = 4 // the key's insert conflicted with a marker the snapshot does not see
 )
 
 func (s *Strategy) buildSQL() {

@@ -2,8 +2,8 @@ package bloom
 
 import (
 	"embed"
-	"fmt"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"io/fs"
 	"math"
@@ -40,15 +40,15 @@ type Strategy struct {
 	gateKey  int64  // advisory lock separating claims from seals
 	maintKey int64  // advisory lock serialising partition creation between processes
 	dropKey  int64  // advisory lock: one process drops expired partitions at a time
-	k        uint // hash functions per filter, shared by every filter
+	k        uint   // hash functions per filter, shared by every filter
 
 	barrierSeq   string // quoted schema.table_barrier: the clock of the latest barrier
 	exclusiveGUC string // transaction-local setting: this transaction holds the gate exclusively
-	claimSQL    string
-	readHeldSQL string
-	barrierSQL  string
-	clockOffset atomic.Int64 // database clock minus local clock, in ns, as last seen
-	barrierAt   atomic.Int64 // the latest barrier's clock this process saw, in µs since 1970
+	claimSQL     string
+	readHeldSQL  string
+	barrierSQL   string
+	clockOffset  atomic.Int64 // database clock minus local clock, in ns, as last seen
+	barrierAt    atomic.Int64 // the latest barrier's clock this process saw, in µs since 1970
 
 	filters filterSet
 	sealMu  sync.Mutex // one seal or warm-up at a time
@@ -115,7 +115,7 @@ func (s *Strategy) Migrations() []pg.Line {
 		Name: "bloom:" + s.cfg.Table,
 		FS:   sub,
 		Idents: map[string]string{
-			"schema": s.cfg.Schema,
+			"schema":  s.cfg.Schema,
 			"table":   s.cfg.Table,
 			"barrier": s.cfg.Table + barrierSuffix,
 		},
