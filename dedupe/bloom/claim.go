@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/bits-and-blooms/bloom/v3"
@@ -90,11 +91,11 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 	} else {
 		b.Queue(gateSharedSQL, s.gateKey)
 	}
-	b.Queue(s.claimSQL, p.args(in)...)
+	b.Queue(s.claimSQLFor(p.target), p.args(in)...)
 	br := tx.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
-		return nil, fmt.Errorf("bloom: claim: taking the gate: %w", err)
+		return nil, s.gateErr(err, p.target)
 	}
 	rows, err := br.Query()
 	res, err := s.readClaim(rows, err, p, in)
@@ -129,11 +130,11 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 		if upgrade {
 			b := &pgx.Batch{}
 			b.Queue(upgradeSQL, s.gateKey, s.exclusiveGUC)
-			b.Queue(s.claimSQL, p.args(in)...)
+			b.Queue(s.claimSQLFor(p.target), p.args(in)...)
 			br := tx.SendBatch(ctx, b)
 			if _, err := br.Exec(); err != nil {
 				_ = br.Close()
-				return nil, fmt.Errorf("bloom: claim: taking the gate: %w", err)
+				return nil, s.gateErr(err, p.target)
 			}
 			rows, err := br.Query()
 			res, err = s.readClaim(rows, err, p, in)
@@ -145,7 +146,7 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 			}
 			continue
 		}
-		rows, err := tx.Query(ctx, s.claimSQL, p.args(in)...)
+		rows, err := tx.Query(ctx, s.claimSQLFor(p.target), p.args(in)...)
 		if res, err = s.readClaim(rows, err, p, in); err != nil {
 			return nil, err
 		}
@@ -444,9 +445,18 @@ func filterOf(sf *sliceFilter, scope string, disabled bool) *bloom.BloomFilter {
 	return sf.byScope[scope]
 }
 
+// gateErr is the error of a claim's first statement, which also reports
+// the claim statement's failure to prepare (pgx prepares a batch first).
+func (s *Strategy) gateErr(err error, target time.Time) error {
+	if cerr := s.claimErr(err, target); errors.Is(cerr, ErrNoPartition) {
+		return cerr
+	}
+	return fmt.Errorf("bloom: claim: taking the gate: %w", err)
+}
+
 func (s *Strategy) claimErr(err error, target time.Time) error {
 	var pe *pgconn.PgError
-	if errors.As(err, &pe) && pe.Code == "23514" {
+	if errors.As(err, &pe) && (pe.Code == "23514" || pe.Code == "42P01" && strings.Contains(pe.Message, s.partitionName(target))) {
 		return fmt.Errorf("%w: slice %s: %v", ErrNoPartition, target.Format(time.RFC3339), err)
 	}
 	return fmt.Errorf("bloom: claim: %w", err)

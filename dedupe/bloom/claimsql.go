@@ -35,6 +35,23 @@ const (
 	rowUnseen = 4 // the key's insert conflicted with a marker the snapshot does not see
 )
 
+// targetPartition stands, in claimSQL, for the target slice's partition,
+// which the claim writes to directly rather than through the parent table.
+const targetPartition = "{{target}}"
+
+// claimSQLFor returns claimSQL for the slice starting at target; the last
+// one is kept, since every claim of a slice uses the same.
+func (s *Strategy) claimSQLFor(target time.Time) string {
+	s.claimMu.Lock()
+	defer s.claimMu.Unlock()
+	if s.claimSlice != target.Unix() || s.claimText == "" {
+		s.claimSlice = target.Unix()
+		s.claimText = strings.ReplaceAll(s.claimSQL, targetPartition,
+			pgx.Identifier{s.cfg.Schema, s.partitionName(target)}.Sanitize())
+	}
+	return s.claimText
+}
+
 func (s *Strategy) buildSQL() {
 	lit := "'" + strings.ReplaceAll(s.barrierSeq, "'", "''") + "'"
 	// barrierSQL publishes a barrier's clock ($1, in µs), keeping the
@@ -86,7 +103,7 @@ func (s *Strategy) buildSQL() {
     ) AS m
     WHERE ok.run
 ), ins AS (
-    INSERT INTO ` + s.parent + ` (scope, id, slice, fingerprint)
+    INSERT INTO ` + targetPartition + ` (scope, id, slice, fingerprint)
     SELECT k.scope, k.id, $7::timestamptz, k.fingerprint
     FROM ok, unnest($4::text[], $5::text[], $6::bytea[]) AS k(scope, id, fingerprint)
     WHERE ok.run AND (k.scope, k.id) NOT IN (SELECT scope, id FROM probe)
@@ -102,7 +119,7 @@ func (s *Strategy) buildSQL() {
     SELECT r.scope, r.id, m.found, m.fingerprint
     FROM ok, rest AS r
     LEFT JOIN LATERAL (
-        SELECT true AS found, m.fingerprint FROM ` + s.parent + ` AS m
+        SELECT true AS found, m.fingerprint FROM ` + targetPartition + ` AS m
         WHERE m.scope = r.scope AND m.id = r.id AND m.slice = $7::timestamptz
         LIMIT 1
     ) AS m ON true

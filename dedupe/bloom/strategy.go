@@ -44,7 +44,10 @@ type Strategy struct {
 
 	barrierSeq   string // quoted schema.table_barrier: the clock of the latest barrier
 	exclusiveGUC string // transaction-local setting: this transaction holds the gate exclusively
-	claimSQL     string
+	claimSQL     string // with targetPartition for the target slice's partition
+	claimMu      sync.Mutex
+	claimSlice   int64  // the slice of claimText
+	claimText    string // claimSQL for claimSlice
 	readHeldSQL  string
 	barrierSQL   string
 	clockOffset  atomic.Int64 // database clock minus local clock, in ns, as last seen
