@@ -35,7 +35,7 @@ type marker struct {
 const maxReplans = 8
 
 // Claim decides the verdicts of keys and writes the markers of new keys in
-// tx, with three statements sent in one round trip whatever the batch size:
+// tx, with two statements sent in one round trip whatever the batch size:
 // see the package documentation for the protocol. tx must be READ
 // COMMITTED. An invalid key (see dedupe.Validate; ID is required) fails the
 // whole claim with a *dedupe.KeyError naming it.

@@ -72,7 +72,7 @@ func TestClaimReplansWhenTheClockIsElsewhere(t *testing.T) {
 		})
 		done <- result{vs, err}
 	}()
-	// Wait until b waits for a lock (a's key lock).
+	// Wait until b waits for a lock (the gate, or a's marker).
 	for waiting := false; !waiting; {
 		select {
 		case r := <-done:
