@@ -424,20 +424,6 @@ func isolationOf(ctx context.Context, tx pgx.Tx) string {
 	return iso
 }
 
-func maxTime(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
-}
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
-}
-
 func filterOf(sf *sliceFilter, scope string, disabled bool) *bloom.BloomFilter {
 	if disabled || sf == nil {
 		return nil
