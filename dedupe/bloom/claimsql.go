@@ -35,6 +35,12 @@ const (
 	rowUnseen = 4 // the key's insert conflicted with a marker the snapshot does not see
 )
 
+// claimVersion is the markers' claim_version column as every insert sets
+// it. The column is NOT NULL without a default (migration 002), so an
+// insert by a process that predates the barrier, which does not set it,
+// fails instead of writing a marker outside the barrier's protocol.
+const claimVersion = "2"
+
 // targetPartition stands, in claimSQL, for the target slice's partition,
 // which the claim writes to directly rather than through the parent table.
 const targetPartition = "{{target}}"
@@ -103,8 +109,8 @@ func (s *Strategy) buildSQL() {
     ) AS m
     WHERE ok.run
 ), ins AS (
-    INSERT INTO ` + targetPartition + ` (scope, id, slice, fingerprint)
-    SELECT k.scope, k.id, $7::timestamptz, k.fingerprint
+    INSERT INTO ` + targetPartition + ` (scope, id, slice, fingerprint, claim_version)
+    SELECT k.scope, k.id, $7::timestamptz, k.fingerprint, ` + claimVersion + `
     FROM ok, unnest($4::text[], $5::text[], $6::bytea[]) AS k(scope, id, fingerprint)
     WHERE ok.run AND (k.scope, k.id) NOT IN (SELECT scope, id FROM probe)
     ON CONFLICT DO NOTHING

@@ -6,11 +6,11 @@
 //
 // # Storage
 //
-// Markers (scope, id, slice, fingerprint) live in a table partitioned by
-// range of slice, the start of the time slice (Config.Slice, an hour by
-// default) in which the marker was written. Each partition holds exactly one
-// slice, so the primary key (scope, id, slice) makes (scope, id) unique
-// within a partition. The migration creates only the parent table;
+// Markers (scope, id, slice, fingerprint, claim_version) live in a table
+// partitioned by range of slice, the start of the time slice (Config.Slice,
+// an hour by default) in which the marker was written. Each partition
+// holds exactly one slice, so the primary key (scope, id, slice) makes
+// (scope, id) unique within a partition. The migration creates only the parent table;
 // Maintain creates the partition of the current slice and of
 // Config.PartitionsAhead slices after it, each named after the parent and
 // the slice start (bloom_markers_20260102t150000), and detaches
@@ -121,7 +121,13 @@
 // while claims are in flight all the time), Claim fails rather than write
 // to an expired slice. Every process claiming on a table must run this
 // protocol: a process that took per-key locks instead (an earlier version)
-// would not be serialised with it.
+// would not be serialised with it. The migration that adds the barrier's
+// sequence therefore also adds the markers' claim_version column, NOT NULL
+// without a default, which every claim of this protocol sets and an
+// earlier version's insert does not: once the migration is applied, such
+// a process's claims fail with a not-null violation (its consumer retries
+// them, nothing applied) until it is replaced, rather than both processes
+// seeing one key as new.
 //
 // Sealing relies on the gate too. A seal waits (at most Config.SealTimeout)
 // until it holds the gate exclusively, which means no claim is in flight,

@@ -5,3 +5,11 @@
 -- outside the barrier's transaction: the barrier happened whether or not
 -- that transaction commits.
 CREATE SEQUENCE {{schema}}.{{barrier}} MINVALUE 0 START 0;
+
+-- The claim version: set by every claim of this protocol, unknown to a
+-- claim that takes per-key locks instead, whose insert then fails with a
+-- not-null violation rather than write a marker the barrier does not
+-- serialise. Adding it with a constant default and dropping the default
+-- rewrites no partition; partitions created later inherit it.
+ALTER TABLE {{schema}}.{{table}} ADD COLUMN claim_version smallint NOT NULL DEFAULT 2;
+ALTER TABLE {{schema}}.{{table}} ALTER COLUMN claim_version DROP DEFAULT;
