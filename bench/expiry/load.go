@@ -132,8 +132,8 @@ func (r *runner) loadBloom(ctx context.Context, pool *pgxpool.Pool) error {
 					return err
 				}
 			}
-			if _, err := tx.Exec(ctx, `INSERT INTO `+name+` (scope, id, slice, fingerprint)
-SELECT $1, `+loadedID+`, $2::timestamptz, `+loadedFP+`
+			if _, err := tx.Exec(ctx, `INSERT INTO `+name+` (scope, id, slice, fingerprint, claim_version)
+SELECT $1, `+loadedID+`, $2::timestamptz, `+loadedFP+`, 2
 FROM generate_series($3::int, $4::int) AS g`, Scope, start, lo, hi); err != nil {
 				return err
 			}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/effectively-once/effectively/dedupe"
 	"github.com/effectively-once/effectively/dedupe/bloom"
@@ -105,4 +106,36 @@ func TestQuotedIdentifiers(t *testing.T) {
 	if err := s.Warm(context.Background(), pool); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestPreviousClaimFails checks the upgrade fence of migration 002: once
+// it is applied, an insert in the shape of a claim that takes per-key locks
+// instead of the barrier fails with a not-null violation, so such a process
+// cannot write a marker the barrier does not serialise, while Claim works.
+func TestPreviousClaimFails(t *testing.T) {
+	t.Parallel()
+	s, pool := setup(t, bloom.Config{})
+	ctx := context.Background()
+	parent := pgx.Identifier{pg.DefaultSchema, bloom.DefaultTable}.Sanitize()
+	var now time.Time
+	if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Truncate(time.Hour).UTC() // the current slice, whose partition Maintain created
+	// The insert of the previous claim statement, into the parent table.
+	_, err := pool.Exec(ctx, `INSERT INTO `+parent+` (scope, id, slice, fingerprint)
+    SELECT k.scope, k.id, $3::timestamptz, k.fingerprint
+    FROM unnest($1::text[], $2::text[], $4::bytea[]) AS k(scope, id, fingerprint)
+    ON CONFLICT DO NOTHING
+    RETURNING scope, id`, []string{"old"}, []string{"k"}, now, [][]byte{nil})
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23502" {
+		t.Fatalf("previous claim's insert: got %v, want a not-null violation (23502)", err)
+	}
+	if n := markers(t, pool, bloom.DefaultTable); n != 0 {
+		t.Fatalf("%d markers after the failed insert, want 0", n)
+	}
+	ks := []dedupe.Key{{Scope: "old", ID: "k"}}
+	expectAll(t, "claim", claim(t, s, pool, ks), dedupe.VerdictNew)
+	expectAll(t, "claim again", claim(t, s, pool, ks), dedupe.VerdictDuplicate)
 }

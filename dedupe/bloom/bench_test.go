@@ -50,8 +50,8 @@ func BenchmarkClaim(b *testing.B) {
 		if _, err := pool.Exec(ctx, sql); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := pool.Exec(ctx, `INSERT INTO `+parent+` (scope, id, slice)
-SELECT 'bench', 'old-' || $1::int || '-' || g, $2 FROM generate_series(1, $3::int) AS g`, i, start, perSlice); err != nil {
+		if _, err := pool.Exec(ctx, `INSERT INTO `+parent+` (scope, id, slice, claim_version)
+SELECT 'bench', 'old-' || $1::int || '-' || g, $2, 2 FROM generate_series(1, $3::int) AS g`, i, start, perSlice); err != nil {
 			b.Fatal(err)
 		}
 	}

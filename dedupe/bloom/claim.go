@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/bits-and-blooms/bloom/v3"
@@ -34,7 +35,7 @@ type marker struct {
 const maxReplans = 8
 
 // Claim decides the verdicts of keys and writes the markers of new keys in
-// tx, with three statements sent in one round trip whatever the batch size:
+// tx, with two statements sent in one round trip whatever the batch size:
 // see the package documentation for the protocol. tx must be READ
 // COMMITTED. An invalid key (see dedupe.Validate; ID is required) fails the
 // whole claim with a *dedupe.KeyError naming it.
@@ -52,10 +53,9 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 		}
 	}
 
-	// Distinct keys, first occurrence first, and their lock keys.
+	// Distinct keys, first occurrence first.
 	first := make(map[scopeID]int, len(keys))
 	uniq := make([]int, 0, len(keys))
-	locks := make([]int64, 0, len(keys))
 	for i, k := range keys {
 		u := scopeID{k.Scope, k.ID}
 		if _, ok := first[u]; ok {
@@ -63,10 +63,7 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 		}
 		first[u] = i
 		uniq = append(uniq, i)
-		locks = append(locks, s.keyHash(k.Scope, k.ID))
 	}
-	slices.Sort(locks) // a fixed order: two batches never deadlock on their keys
-	locks = slices.Compact(locks)
 	in := insertArgs{
 		scope: make([]string, len(uniq)),
 		id:    make([]string, len(uniq)),
@@ -76,35 +73,45 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 		in.scope[j], in.id[j], in.fp[j] = keys[i].Scope, keys[i].ID, keys[i].Fingerprint
 	}
 
-	// One round trip: the shared gate (a seal waits for it), the key locks
-	// (a concurrent claimer of one of these keys finishes first), and the
-	// claim, planned for the slice the database clock is estimated to be
-	// in.
-	p := s.plan(keys, uniq, s.clockEstimate())
+	// One round trip: the gate and the claim, planned for the slice the
+	// database clock is estimated to be in. When this process knows of a
+	// barrier in that slice, the gate is taken shared and the claim writes
+	// there. Otherwise the claim tries to be the barrier itself (see the
+	// package documentation).
+	now := s.clockEstimate()
+	target := s.sliceOf(now)
+	tried := s.sliceOf(time.UnixMicro(s.barrierAt.Load())) != target
+	p, err := s.plan(keys, uniq, now, target)
+	if err != nil {
+		return nil, err
+	}
 	b := &pgx.Batch{}
-	b.Queue(gateSQL, s.gateKey)
-	b.Queue(locksSQL, locks)
-	b.Queue(s.claimSQL, p.args(in)...)
+	if tried {
+		b.Queue(gateTrySQL, s.gateKey, s.exclusiveGUC)
+	} else {
+		b.Queue(gateSharedSQL, s.gateKey)
+	}
+	b.Queue(s.claimSQLFor(p.target), p.args(in)...)
 	br := tx.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
-		return nil, fmt.Errorf("bloom: claim: taking the gate: %w", err)
-	}
-	if _, err := br.Exec(); err != nil {
-		_ = br.Close()
-		return nil, fmt.Errorf("bloom: claim: locking keys: %w", err)
+		return nil, s.gateErr(err, p.target)
 	}
 	rows, err := br.Query()
-	res, err := s.readClaim(rows, err, p)
+	res, err := s.readClaim(rows, err, p, in)
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = s.claimErr(cerr, p.target)
 	}
 	if err != nil {
 		return nil, err
 	}
-	// Rare: the clock was outside the planned span (a boundary passed, or
-	// the estimate was off); the statement did nothing. Plan again from the
-	// clock it read, under the same locks.
+	// Rare: the latest barrier is not in the planned slice (a barrier
+	// passed while the claim waited for the gate, a slice boundary passed
+	// and no barrier since, or this process had not seen the latest one),
+	// or the live window moved; the statement did nothing. Plan again from
+	// the clocks it read, under the gate already held: for the barrier's
+	// slice, or, once, for the current slice if the gate can be had
+	// exclusively without waiting.
 	for tries := 0; !res.ran; tries++ {
 		if !res.rc {
 			return nil, fmt.Errorf("%w (the transaction is %s)", ErrIsolation, isolationOf(ctx, tx))
@@ -112,11 +119,42 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 		if tries == maxReplans {
 			return nil, fmt.Errorf("bloom: claim: the database clock left the planned slice %d times in a row", tries)
 		}
-		p = s.plan(keys, uniq, res.now)
-		rows, err := tx.Query(ctx, s.claimSQL, p.args(in)...)
-		if res, err = s.readClaim(rows, err, p); err != nil {
+		target := s.sliceOf(time.UnixMicro(res.barrier))
+		upgrade := !tried && target != s.sliceOf(res.now)
+		if upgrade {
+			tried, target = true, s.sliceOf(res.now)
+		}
+		if p, err = s.plan(keys, uniq, res.now, target); err != nil {
 			return nil, err
 		}
+		if upgrade {
+			b := &pgx.Batch{}
+			b.Queue(upgradeSQL, s.gateKey, s.exclusiveGUC)
+			b.Queue(s.claimSQLFor(p.target), p.args(in)...)
+			br := tx.SendBatch(ctx, b)
+			if _, err := br.Exec(); err != nil {
+				_ = br.Close()
+				return nil, s.gateErr(err, p.target)
+			}
+			rows, err := br.Query()
+			res, err = s.readClaim(rows, err, p, in)
+			if cerr := br.Close(); err == nil && cerr != nil {
+				err = s.claimErr(cerr, p.target)
+			}
+			if err != nil {
+				return nil, err
+			}
+			continue
+		}
+		rows, err := tx.Query(ctx, s.claimSQLFor(p.target), p.args(in)...)
+		if res, err = s.readClaim(rows, err, p, in); err != nil {
+			return nil, err
+		}
+	}
+	// Keys whose insert conflicted with a marker the statement's snapshot
+	// did not see: read them in a new one.
+	if err := s.readHeld(ctx, tx, keys, uniq, p, &res); err != nil {
+		return nil, err
 	}
 	marks, st := res.marks, p.st
 	st.probes = int64(len(p.scope))
@@ -168,27 +206,34 @@ type insertArgs struct {
 // clock: the target slice, the span of clocks for which the plan holds,
 // and the (key, slice) pairs to probe.
 type claimPlan struct {
-	target, lo, hi time.Time
-	scope, id      []string
-	slice          []time.Time
-	positive       map[pairKey]bool // pairs probed because a sealed filter said "maybe"
-	st             claimStats
+	target, end time.Time // the target slice: [target, end)
+	lo, hi      time.Time
+	scope, id   []string
+	slice       []time.Time
+	positive    map[pairKey]bool // pairs probed because a sealed filter said "maybe"
+	st          claimStats
 }
 
 func (p *claimPlan) args(in insertArgs) []any {
-	return []any{p.scope, p.id, p.slice, in.scope, in.id, in.fp, p.target, p.lo, p.hi}
+	return []any{p.scope, p.id, p.slice, in.scope, in.id, in.fp, p.target, p.lo, p.hi,
+		p.target.UnixMicro(), p.end.UnixMicro()}
 }
 
 // plan decides which (key, slice) pairs need a probe if the database clock
-// reads now. The plan holds for every clock in [lo, hi): the same target
-// slice and the same oldest live slice.
-func (s *Strategy) plan(keys []dedupe.Key, uniq []int, now time.Time) *claimPlan {
-	target := s.sliceOf(now)
+// reads now and the claim writes to the slice starting at target. The plan
+// holds for every clock in [lo, hi), the span with the same oldest live
+// slice, and while the latest barrier lies in the target slice.
+func (s *Strategy) plan(keys []dedupe.Key, uniq []int, now, target time.Time) (*claimPlan, error) {
 	from := s.liveFrom(now)
+	if target.Before(from) {
+		return nil, fmt.Errorf("bloom: claim: the latest barrier (slice %s) is older than the live window: is maintenance running?",
+			target.Format(time.RFC3339))
+	}
 	p := &claimPlan{
 		target:   target,
-		lo:       maxTime(target, from.Add(s.cfg.Retention)),
-		hi:       minTime(target.Add(s.cfg.Slice), from.Add(s.cfg.Retention+s.cfg.Slice)),
+		end:      target.Add(s.cfg.Slice),
+		lo:       from.Add(s.cfg.Retention),
+		hi:       from.Add(s.cfg.Retention + s.cfg.Slice),
 		positive: map[pairKey]bool{},
 	}
 	s.filters.mu.RLock()
@@ -237,27 +282,30 @@ func (s *Strategy) plan(keys []dedupe.Key, uniq []int, now time.Time) *claimPlan
 			}
 		}
 	}
-	return p
+	return p, nil
 }
 
 // claimResult is what one execution of claimSQL reported.
 type claimResult struct {
 	ran, rc   bool
 	now       time.Time
+	barrier   int64 // the latest barrier's clock, in µs
 	marks     map[scopeID]*marker
-	confirmed int64 // positives whose marker the probe found
-	held      int64 // keys whose marker the target slice already held
+	unseen    map[scopeID]bool // keys whose marker readHeld must read
+	confirmed int64            // positives whose marker the probe found
+	held      int64            // keys whose marker the target slice already held
 }
 
 // readClaim reads the rows of claimSQL run with plan p, and learns the
 // database clock from them.
-func (s *Strategy) readClaim(rows pgx.Rows, err error, p *claimPlan) (claimResult, error) {
+func (s *Strategy) readClaim(rows pgx.Rows, err error, p *claimPlan, in insertArgs) (claimResult, error) {
 	if err != nil {
 		return claimResult{}, s.claimErr(err, p.target)
 	}
 	defer rows.Close()
-	res := claimResult{marks: map[scopeID]*marker{}}
+	res := claimResult{marks: map[scopeID]*marker{}, unseen: map[scopeID]bool{}}
 	clock := false
+	var inserted int64
 	for rows.Next() {
 		r, err := scanClaimRow(rows)
 		if err != nil {
@@ -266,9 +314,13 @@ func (s *Strategy) readClaim(rows pgx.Rows, err error, p *claimPlan) (claimResul
 		switch r.kind {
 		case rowClock:
 			clock = true
-			res.now, res.rc, res.ran = *r.now, *r.rc, *r.run
-		case rowInserted:
-			res.marks[scopeID{*r.scope, *r.id}] = &marker{inserted: true}
+			res.now, res.rc, res.ran, res.barrier = *r.now, *r.rc, *r.run, *r.barrier
+			if r.inserted != nil {
+				inserted = *r.inserted
+			}
+		case rowUnseen:
+			res.unseen[scopeID{*r.scope, *r.id}] = true
+			continue
 		case rowFound, rowHeld:
 			u := scopeID{*r.scope, *r.id}
 			if r.kind == rowHeld {
@@ -287,8 +339,68 @@ func (s *Strategy) readClaim(rows pgx.Rows, err error, p *claimPlan) (claimResul
 	if !clock {
 		return claimResult{}, errors.New("bloom: claim: the claim statement returned no clock")
 	}
+	if res.ran {
+		// The keys it reported nothing about are the ones it inserted.
+		n := int64(0)
+		for j := range in.scope {
+			u := scopeID{in.scope[j], in.id[j]}
+			if _, ok := res.marks[u]; ok || res.unseen[u] {
+				continue
+			}
+			res.marks[u] = &marker{inserted: true}
+			n++
+		}
+		if n != inserted {
+			return claimResult{}, fmt.Errorf("bloom: claim: the statement inserted %d markers, but %d keys are unaccounted for", inserted, n)
+		}
+	}
 	s.learnClock(res.now)
+	s.noteBarrier(res.barrier)
 	return res, nil
+}
+
+// readHeld reads the markers of the keys the claim neither found nor
+// inserted: their insert conflicted in the target slice with a marker the
+// claim statement's snapshot did not see, written earlier in this
+// transaction or committed by a concurrent claim that the insert waited
+// for. A new statement has a new snapshot that sees them.
+func (s *Strategy) readHeld(ctx context.Context, tx pgx.Tx, keys []dedupe.Key, uniq []int, p *claimPlan, res *claimResult) error {
+	var scopes, ids []string
+	for _, i := range uniq {
+		k := keys[i]
+		if _, ok := res.marks[scopeID{k.Scope, k.ID}]; !ok {
+			scopes, ids = append(scopes, k.Scope), append(ids, k.ID)
+		}
+	}
+	if len(scopes) == 0 {
+		return nil
+	}
+	rows, err := tx.Query(ctx, s.readHeldSQL, scopes, ids, p.target)
+	if err != nil {
+		return fmt.Errorf("bloom: claim: reading conflicting markers: %w", err)
+	}
+	var scope, id string
+	var fp []byte
+	_, err = pgx.ForEachRow(rows, []any{&scope, &id, &fp}, func() error {
+		res.marks[scopeID{scope, id}] = &marker{found: true, fingerprint: slices.Clone(fp)}
+		res.held++
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("bloom: claim: reading conflicting markers: %w", err)
+	}
+	return nil
+}
+
+// noteBarrier records a barrier's clock (µs) if it is the latest this
+// process has seen.
+func (s *Strategy) noteBarrier(us int64) {
+	for {
+		cur := s.barrierAt.Load()
+		if us <= cur || s.barrierAt.CompareAndSwap(cur, us) {
+			return
+		}
+	}
 }
 
 // clockEstimate is this process's estimate of the database clock.
@@ -312,20 +424,6 @@ func isolationOf(ctx context.Context, tx pgx.Tx) string {
 	return iso
 }
 
-func maxTime(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
-}
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
-}
-
 func filterOf(sf *sliceFilter, scope string, disabled bool) *bloom.BloomFilter {
 	if disabled || sf == nil {
 		return nil
@@ -333,9 +431,18 @@ func filterOf(sf *sliceFilter, scope string, disabled bool) *bloom.BloomFilter {
 	return sf.byScope[scope]
 }
 
+// gateErr is the error of a claim's first statement, which also reports
+// the claim statement's failure to prepare (pgx prepares a batch first).
+func (s *Strategy) gateErr(err error, target time.Time) error {
+	if cerr := s.claimErr(err, target); errors.Is(cerr, ErrNoPartition) {
+		return cerr
+	}
+	return fmt.Errorf("bloom: claim: taking the gate: %w", err)
+}
+
 func (s *Strategy) claimErr(err error, target time.Time) error {
 	var pe *pgconn.PgError
-	if errors.As(err, &pe) && pe.Code == "23514" {
+	if errors.As(err, &pe) && (pe.Code == "23514" || pe.Code == "42P01" && strings.Contains(pe.Message, s.partitionName(target))) {
 		return fmt.Errorf("%w: slice %s: %v", ErrNoPartition, target.Format(time.RFC3339), err)
 	}
 	return fmt.Errorf("bloom: claim: %w", err)

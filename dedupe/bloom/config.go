@@ -31,6 +31,10 @@ const MaxMaxIDLen = 1024
 // to name a partition.
 const partitionSuffixLen = len("_") + len(partitionTimeLayout)
 
+// barrierSuffix names the sequence that holds the latest barrier's clock:
+// Table + barrierSuffix (shorter than a partition's suffix).
+const barrierSuffix = "_barrier"
+
 // Config configures a Strategy. The zero value is usable.
 type Config struct {
 	// Schema is the schema that holds the markers table; the migrations

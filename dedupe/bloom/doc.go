@@ -6,17 +6,18 @@
 //
 // # Storage
 //
-// Markers (scope, id, slice, fingerprint) live in a table partitioned by
-// range of slice, the start of the time slice (Config.Slice, an hour by
-// default) in which the marker was written. Each partition holds exactly one
-// slice, so the primary key (scope, id, slice) makes (scope, id) unique
-// within a partition. The migration creates only the parent table;
+// Markers (scope, id, slice, fingerprint, claim_version) live in a table
+// partitioned by range of slice, the start of the time slice (Config.Slice,
+// an hour by default) in which the marker was written. Each partition
+// holds exactly one slice, so the primary key (scope, id, slice) makes
+// (scope, id) unique within a partition. The migration creates only the parent table;
 // Maintain creates the partition of the current slice and of
 // Config.PartitionsAhead slices after it, each named after the parent and
 // the slice start (bloom_markers_20260102t150000), and detaches
 // (concurrently, so claims are not blocked) and drops every partition
 // whose whole slice is older than Config.Retention. A marker therefore
-// lives at least Retention and at most Retention + Slice. All slice
+// lives at least Retention and at most Retention + Slice (see below for a
+// marker written just after its slice ended). All slice
 // arithmetic uses the database's clock, so processes with skewed clocks
 // agree on it.
 //
@@ -63,56 +64,79 @@
 //
 // # Claiming a batch
 //
-// Claim sends three statements in one round trip (a pgx.Batch, which
-// PostgreSQL runs one after the other): it takes the gate lock, a
-// transaction-level advisory lock that every claim holds shared and a seal
-// takes exclusively; then one transaction-level advisory lock per distinct
-// key (a hash of table, scope and id), in one statement in sorted order, so
-// two batches never deadlock; then the claim statement. That statement
-// reads the database clock, which picks the slice the new markers go to,
-// probes the (key, slice) pairs the filters could not rule out, inserts the
-// other keys into the current slice with ON CONFLICT DO NOTHING, and reads
-// the markers of the keys that conflicted there. Which pairs to probe is
-// decided before the clock is read, from this process's estimate of the
-// database clock, so the statement also receives the span of clocks the
-// plan holds for (the same current slice and the same oldest live slice),
-// and does nothing but report the clock when the clock is outside it; Claim
-// then plans again from that clock and sends the claim statement once
-// more, under the locks it already holds. That happens when a slice
-// boundary passes while a claim waits for its locks, when the oldest live
-// slice changes within a slice (Retention not a multiple of Slice), or
-// after a jump of either clock; it costs a round trip, never a wrong
-// verdict. Repeats within
-// the batch are resolved in Go: the first occurrence decides, later ones are
-// duplicates, or mismatches when their fingerprint differs from the marker.
+// Claim sends two statements in one round trip (a pgx.Batch, which
+// PostgreSQL runs one after the other): it takes the gate, a
+// transaction-level advisory lock that every claim holds shared and a
+// barrier takes exclusively; then the claim statement. That statement reads
+// the database clock and the clock of the latest barrier, which picks the
+// slice the new markers go to (the barrier's), probes the (key, slice)
+// pairs the filters could not rule out, inserts the other keys directly
+// into that slice's partition with ON CONFLICT DO NOTHING, and reads the
+// markers of the keys that conflicted there. Inserted keys are only
+// counted, so a batch of new keys returns one row. Which pairs to probe is
+// decided before the clocks are read, from this process's estimate of the
+// database clock and of the latest barrier, so the statement also receives
+// the slice the plan writes to and the span of clocks for which its live
+// window holds, and does nothing but report the clocks when either is
+// off; Claim then plans again from them and sends the claim statement once
+// more, under the gate it already holds. That happens just after a slice
+// boundary, when the oldest live slice changes within a slice (Retention
+// not a multiple of Slice), or after a jump of either clock; it costs a
+// round trip, never a wrong verdict. A key whose insert conflicted with a
+// marker the statement's snapshot cannot see (committed by a concurrent
+// claim while the insert waited for it, or written earlier in the same
+// transaction) costs a second statement, for those keys only. Repeats
+// within the batch are resolved in Go: the first occurrence decides, later
+// ones are duplicates, or mismatches when their fingerprint differs from
+// the marker.
 //
 // # Concurrency and the slice boundary
 //
 // Two transactions claiming one key never both get VerdictNew, even when
 // they run in different processes whose filters differ and a slice boundary
-// falls between them: the second waits on the key's advisory lock until the
-// first commits or rolls back, and only then reads the clock and probes,
-// in the claim statement, which starts after the locks are held and so takes
-// a new READ COMMITTED snapshot that sees the first one's marker, whichever
-// partition it went to. (Within one slice the unique index alone would
-// serialise them; across a boundary, where the two markers would go to
-// different partitions, the lock is what does.) Claim therefore requires a
-// READ COMMITTED transaction and returns ErrIsolation otherwise.
+// falls between them, and no claim takes a lock per key. Within one slice,
+// the unique index of the slice's partition serialises them: the second
+// insert waits for the first transaction and then conflicts. Across slices,
+// the barrier does. A barrier is a moment when the gate is held
+// exclusively, so no claim is in flight; its database clock is recorded in
+// a sequence (Table_barrier, created by the migrations). A claim writes
+// only to the slice of the latest barrier, read in its claim statement
+// after it took the gate, so every claim of an earlier slice had ended
+// before that barrier, and committed before the statement's snapshot: its
+// marker is seen by the probe of its slice (or is in that slice's sealed
+// filter). Claim therefore requires a READ COMMITTED transaction and
+// returns ErrIsolation otherwise.
 //
-// The key locks live in PostgreSQL's shared lock table until the claiming
-// transaction ends. That table holds max_locks_per_transaction ×
-// (max_connections + background workers) entries for all sessions together
-// (about 7,800 with the defaults), so size it for the concurrent claimers
-// times their batch size: eight lanes claiming 1,000 keys each need
-// max_locks_per_transaction = 128 at 100 connections, or smaller batches.
+// Barriers come from seals (RunMaintenance runs one just after every slice
+// boundary) and Warm, and from claims: a claim that expects to be the first
+// of a new slice asks for the gate exclusively without waiting
+// (pg_try_advisory_xact_lock), and when it gets it, it is the barrier, at
+// the clock its statement reads. When claims are in flight it takes the
+// gate shared and, like every claim until the next barrier, writes to the
+// slice that just closed. No claim ever waits for the gate exclusively, so
+// claims cannot deadlock on it. A marker written after its slice ended
+// lives at least Retention less the time from the slice's end to the first
+// barrier after it (normally well under a second: RunMaintenance's seal);
+// if no barrier happens for longer than Retention (maintenance stopped
+// while claims are in flight all the time), Claim fails rather than write
+// to an expired slice. Every process claiming on a table must run this
+// protocol: a process that took per-key locks instead (an earlier version)
+// would not be serialised with it. The migration that adds the barrier's
+// sequence therefore also adds the markers' claim_version column, NOT NULL
+// without a default, which every claim of this protocol sets and an
+// earlier version's insert does not: once the migration is applied, such
+// a process's claims fail with a not-null violation (its consumer retries
+// them, nothing applied) until it is replaced, rather than both processes
+// seeing one key as new.
 //
-// Sealing relies on the gate. A seal waits (at most Config.SealTimeout)
+// Sealing relies on the gate too. A seal waits (at most Config.SealTimeout)
 // until it holds the gate exclusively, which means no claim is in flight,
-// and reads the database clock T while holding it. Every claim that writes
-// later reads the clock after T, so it writes to T's slice or a later one:
-// every slice that ended by T is complete, and its sealed filter, built in a
-// later snapshot, holds every marker it will ever hold. Claims starting
-// while a seal waits queue behind it, once per slice per process.
+// and reads the database clock T while holding it, and records T as the
+// latest barrier. Every claim that writes later reads that barrier, so it
+// writes to T's slice or a later one: every slice that ended by T is
+// complete, and its sealed filter, built in a later snapshot, holds every
+// marker it will ever hold. Claims starting while a seal waits queue behind
+// it, once per slice per process.
 //
 // # Operation
 //

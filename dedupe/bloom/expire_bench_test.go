@@ -51,7 +51,7 @@ func BenchmarkExpireSlice(b *testing.B) {
 				name, parent, start.Format(time.RFC3339), start.Add(time.Hour).Format(time.RFC3339))); err != nil {
 				b.Fatal(err)
 			}
-			if _, err := pool.Exec(ctx, `INSERT INTO `+parent+` (scope, id, slice) SELECT 'x', 'k-' || g, $1 FROM generate_series(1, $2::int) g`, start, rows); err != nil {
+			if _, err := pool.Exec(ctx, `INSERT INTO `+parent+` (scope, id, slice, claim_version) SELECT 'x', 'k-' || g, $1, 2 FROM generate_series(1, $2::int) g`, start, rows); err != nil {
 				b.Fatal(err)
 			}
 			if _, err := pool.Exec(ctx, `CHECKPOINT`); err != nil {

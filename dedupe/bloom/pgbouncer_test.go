@@ -14,7 +14,7 @@ import (
 
 // Through PgBouncer in transaction pooling, two processes maintain one
 // table at once while keys are claimed: every advisory lock the strategy
-// takes (the gate between claims and seals, the key locks, partition
+// takes (the gate between claims and seals, partition
 // creation, the turn to drop) is transaction-level, so it cannot be left
 // behind on a server connection the pooler hands to someone else. No
 // maintenance or warm-up fails, expired partitions are dropped, and a

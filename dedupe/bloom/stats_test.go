@@ -103,7 +103,8 @@ func TestStatsWithConcurrentClaimers(t *testing.T) {
 }
 
 // TestCommittedFeedsItsClaimsSlice: lane A claims late in one slice and
-// commits after lane B claimed in the next. Committed must add A's keys to
+// commits; lane B claims in the next slice before A's Committed is called.
+// Committed must add A's keys to
 // the filter of the slice A wrote to, not to the slice of the latest claim
 // of any lane: otherwise the current slice's filter sends A's redeliveries
 // to a probe of a partition that cannot hold them, and Stats counts probes
@@ -131,6 +132,11 @@ func TestCommittedFeedsItsClaimsSlice(t *testing.T) {
 	}
 	waitForNextSlice(slice)
 	current := time.Now().Truncate(slice)
+	// A's transaction ends before B claims: a claim writes to a later
+	// slice only once no claim of an earlier one is in flight.
+	if err := txA.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
 	txB, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -138,9 +144,6 @@ func TestCommittedFeedsItsClaimsSlice(t *testing.T) {
 	defer txB.Rollback(ctx)
 	vsB, err := s.Claim(ctx, txB, keysB)
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := txA.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	s.Committed(keysA, vsA)

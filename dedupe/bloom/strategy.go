@@ -3,6 +3,7 @@ package bloom
 import (
 	"embed"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"io/fs"
 	"math"
@@ -39,11 +40,18 @@ type Strategy struct {
 	gateKey  int64  // advisory lock separating claims from seals
 	maintKey int64  // advisory lock serialising partition creation between processes
 	dropKey  int64  // advisory lock: one process drops expired partitions at a time
-	hashSeed []byte
-	k        uint // hash functions per filter, shared by every filter
+	k        uint   // hash functions per filter, shared by every filter
 
-	claimSQL    string
-	clockOffset atomic.Int64 // database clock minus local clock, in ns, as last seen
+	barrierSeq   string // quoted schema.table_barrier: the clock of the latest barrier
+	exclusiveGUC string // transaction-local setting: this transaction holds the gate exclusively
+	claimSQL     string // with targetPartition for the target slice's partition
+	claimMu      sync.Mutex
+	claimSlice   int64  // the slice of claimText
+	claimText    string // claimSQL for claimSlice
+	readHeldSQL  string
+	barrierSQL   string
+	clockOffset  atomic.Int64 // database clock minus local clock, in ns, as last seen
+	barrierAt    atomic.Int64 // the latest barrier's clock this process saw, in µs since 1970
 
 	filters filterSet
 	sealMu  sync.Mutex // one seal or warm-up at a time
@@ -80,9 +88,10 @@ func New(cfg Config) (*Strategy, error) {
 	s.gateKey = hash64("effectively.bloom.gate\x00" + name)
 	s.maintKey = hash64("effectively.bloom.maintain\x00" + name)
 	s.dropKey = hash64("effectively.bloom.drop\x00" + name)
-	s.hashSeed = []byte("effectively.bloom.key\x00" + name + "\x00")
 	s.filters.slices = map[int64]*sliceFilter{}
 	s.written.slice = map[scopeID]int64{}
+	s.exclusiveGUC = fmt.Sprintf("effectively.bloom_gate_%x", uint64(s.gateKey))
+	s.barrierSeq = pgx.Identifier{cfg.Schema, cfg.Table + barrierSuffix}.Sanitize()
 	s.buildSQL()
 	return s, nil
 }
@@ -109,8 +118,9 @@ func (s *Strategy) Migrations() []pg.Line {
 		Name: "bloom:" + s.cfg.Table,
 		FS:   sub,
 		Idents: map[string]string{
-			"schema": s.cfg.Schema,
-			"table":  s.cfg.Table,
+			"schema":  s.cfg.Schema,
+			"table":   s.cfg.Table,
+			"barrier": s.cfg.Table + barrierSuffix,
 		},
 	}}
 }
@@ -118,16 +128,6 @@ func (s *Strategy) Migrations() []pg.Line {
 func hash64(s string) int64 {
 	h := fnv.New64a()
 	h.Write([]byte(s))
-	return int64(h.Sum64())
-}
-
-// keyHash is the advisory lock key of (scope, id) in this table.
-func (s *Strategy) keyHash(scope, id string) int64 {
-	h := fnv.New64a()
-	h.Write(s.hashSeed)
-	h.Write([]byte(scope))
-	h.Write([]byte{0})
-	h.Write([]byte(id))
 	return int64(h.Sum64())
 }
 

@@ -19,8 +19,8 @@ const progressEvery = 1_000_000
 var errSealBusy = errors.New("bloom: claiming transactions stayed in flight longer than SealTimeout")
 
 // barrier waits until no claiming transaction is in flight, by taking the
-// gate lock that every claim holds shared, and returns the database clock
-// read while holding it. Every claim that commits a marker after the
+// gate lock that every claim holds shared, records the database clock read
+// while holding it as the latest barrier, and returns it. Every claim that commits a marker after the
 // barrier read the clock later, so it wrote to a slice that starts after
 // the returned time's slice begins; every slice that ended at or before the
 // returned time is complete.
@@ -43,7 +43,16 @@ func (s *Strategy) barrier(ctx context.Context, db pg.DB) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	return now, tx.Commit(ctx)
+	// Publish the barrier, still holding the gate: claims that start after
+	// it write to now's slice or a later one, without per-key locks.
+	if _, err := tx.Exec(ctx, s.barrierSQL, now.UnixMicro()); err != nil {
+		return time.Time{}, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return time.Time{}, err
+	}
+	s.noteBarrier(now.UnixMicro())
+	return now, nil
 }
 
 // seal builds, from the store, the filter of every live slice that has
