@@ -37,7 +37,7 @@ func (r *run) report(o outcome) string {
 	fmt.Fprintf(&b, "  workers      %d at a time, %d started; %d kills, %d freezes of %s\n", r.pl.workers, len(r.workers), kills, freezes, freezeFor(timing))
 	membership := "dynamic members"
 	if r.static {
-		membership = "an instance ID per worker slot, static members where the source has static membership (CHAOS_STATIC=0: none)"
+		membership = "an instance ID per worker slot, static members where the source has static membership"
 	}
 	fmt.Fprintf(&b, "  membership   %s\n", membership)
 	fmt.Fprintf(&b, "  rebalances   %d generations (distinct \"generation started\" in the workers' logs)\n", r.generations())

@@ -1,7 +1,6 @@
 package chaostest
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"slices"
@@ -97,7 +96,7 @@ func Storm(t *testing.T, h Harness) {
 		all[i] = fmt.Sprintf("%.0f/%.0f = %.0f%%", storm[i], calm[i], 100*ratios[i])
 	}
 	t.Logf("kill storm (%d kills, one every %s, %d workers, instance IDs given %v): median calm %.0f msgs/s, median storm %.0f msgs/s, median ratio %.0f%% (runs: %s)",
-		sp.kills, sp.every, sp.workers, os.Getenv("CHAOS_STATIC") != "0", median(calm), median(storm), 100*median(ratios), strings.Join(all, ", "))
+		sp.kills, sp.every, sp.workers, staticFromEnv(true), median(calm), median(storm), 100*median(ratios), strings.Join(all, ", "))
 }
 
 func median(v []float64) float64 {
@@ -127,7 +126,7 @@ func stormPhase(t *testing.T, h Harness, sp stormPlan, kills int) float64 {
 		messages: sp.messages, backlog: sp.messages, workers: sp.workers, kills: kills,
 		dupRate: 0.05, poisonRate: 0.002, seed: seed, deadline: 15 * time.Minute,
 	}
-	r := newRun(t, pl, h)
+	r := newRun(t, pl, h, staticFromEnv(true))
 	rate := r.stormExecute(sp)
 	r.check()
 	return rate
@@ -144,9 +143,7 @@ func (r *run) stormExecute(sp stormPlan) float64 {
 	r.waitFor("the backlog to be produced", r.prod.done)
 
 	r.begin = time.Now()
-	sctx, stopSampler := context.WithCancel(r.ctx)
-	sampled := make(chan struct{})
-	go func() { defer close(sampled); r.samp.run(sctx) }()
+	stopSampler := r.startSampler()
 	for i := range r.pl.workers {
 		r.startWorker(i + 1)
 	}
@@ -166,18 +163,7 @@ func (r *run) stormExecute(sp stormPlan) float64 {
 			drained = append(drained, k.String())
 		}
 	}
-	r.waitCaughtUp()
-	stopSampler()
-	<-sampled
-	r.samp.sample(r.ctx)
-	r.samp.finish()
-	r.end = time.Now()
-	for _, p := range r.workers {
-		if msg := p.unexpectedExit(); msg != "" {
-			r.crashes = append(r.crashes, msg)
-		}
-		p.kill()
-	}
+	r.wrapUp(stopSampler)
 	var n int
 	if err := r.pool.QueryRow(r.ctx, `SELECT count(*) FROM `+chaos.EffectsTable+` WHERE at >= $1 AND at < $2`, from, to).Scan(&n); err != nil {
 		t.Fatalf("count the window's effects: %v", err)
