@@ -12,12 +12,12 @@
 // with SIGSTOP for longer than the session timeout, starts replacements,
 // creates a topic the workers are configured to consume and adds
 // partitions to another. Each worker runs in a slot; a killed worker's
-// replacement takes its slot. With CHAOS_STATIC=1 each slot has a static
-// group instance ID (-instance-id), so a source with static membership
-// (sources/franz) gives the replacement the dead member's place at once
-// (sources/kafka: kafka-go has no static membership, ignores it); the
-// chaos run defaults to dynamic members, the kill storm (make
-// chaos-storm) to static ones (see chaostest's staticFromEnv).
+// replacement takes its slot. Each slot has a static group instance ID
+// (-instance-id), so a source with static membership (sources/franz)
+// gives the replacement the dead member's place at once, without a
+// rebalance (sources/kafka: kafka-go has no static membership, ignores
+// it); CHAOS_STATIC=0 makes the workers dynamic members (see chaostest's
+// staticFromEnv).
 //
 // At the end the test checks the promise of the library: exactly one effect
 // per logical message, exactly the poison messages parked, stored offsets

@@ -41,6 +41,12 @@ type Harness struct {
 	// source. It is built with the go command from the test's directory,
 	// so it must be in the test's module or its requirements. Required.
 	Worker string
+	// StaticMembership says that the worker's source has static group
+	// membership (KIP-345; sources/franz): given an instance ID, a killed
+	// worker's replacement takes the dead member's place without a
+	// rebalance. Sources without it (sources/kafka) ignore the ID and
+	// rebalance on every kill.
+	StaticMembership bool
 }
 
 // BrokerPackage is the broker program every run uses: kfake in a process
@@ -72,7 +78,7 @@ func Run(t *testing.T, h Harness) {
 		t.Fatal("chaostest: Harness.Worker is required")
 	}
 	pl := planFromEnv(t)
-	r := newRun(t, pl, h, staticFromEnv(false))
+	r := newRun(t, pl, h, staticFromEnv())
 	r.execute()
 	r.check()
 }
@@ -104,7 +110,10 @@ type run struct {
 	slotOf    map[*proc]int
 	freeSlots []int
 	static    bool // workers join as static members (see staticFromEnv)
-	crashes   []string
+	// staticSource: the source honours the instance IDs
+	// (Harness.StaticMembership).
+	staticSource bool
+	crashes      []string
 	// when the topology changed, and the lanes it added
 	newTopicAt, addedAt time.Time
 	newLanes, addLanes  []laneKey
@@ -112,28 +121,16 @@ type run struct {
 	lockWaits           map[int][]string // by freeze event: statements seen waiting for the frozen worker
 }
 
-// staticFromEnv says whether the workers join as static members:
-// CHAOS_STATIC=1 or 0, else def. The chaos run (Run) defaults to dynamic
-// members: with static members on kfake, a run has been seen to leave
-// partitions of a worker slot unconsumed after two kills of that slot a
-// few seconds apart (seed 202196), which is not understood yet; the kill
-// storm (Storm), which measures what static membership buys, defaults to
-// static members.
-func staticFromEnv(def bool) bool {
-	switch os.Getenv("CHAOS_STATIC") {
-	case "1":
-		return true
-	case "0":
-		return false
-	}
-	return def
-}
+// staticFromEnv says whether the workers join as static members, the
+// configuration that hands a restarted worker its partitions back without
+// a rebalance: yes, unless CHAOS_STATIC=0.
+func staticFromEnv() bool { return os.Getenv("CHAOS_STATIC") != "0" }
 
 func newRun(t *testing.T, pl plan, h Harness, static bool) *run {
 	ctx, cancel := context.WithTimeout(context.Background(), pl.deadline)
 	t.Cleanup(cancel)
 	r := &run{t: t, pl: pl, rng: rand.New(rand.NewPCG(uint64(pl.seed), 2)), ctx: ctx,
-		slotOf: map[*proc]int{}, static: static}
+		slotOf: map[*proc]int{}, static: static, staticSource: h.StaticMembership}
 	r.logDir = os.Getenv("CHAOS_LOGS")
 	if r.logDir == "" {
 		r.logDir = t.TempDir()
@@ -324,7 +321,17 @@ func (r *run) execute() {
 			fresh = r.newLanes
 		case "add-partitions":
 			fresh = r.addLanes
-		default: // a membership change: wait for the rebalance it causes
+		case "kill":
+			// A killed worker's replacement takes its partitions. A
+			// dynamic member's does so in a rebalance, a new generation
+			// to wait for; a static member's takes the killed member's
+			// place in the generation it had (KIP-345), so no newer one
+			// comes, and waiting for one would only run out the bound
+			// (and the producer's pace with it).
+			if !r.static || !r.staticSource {
+				newGenAfter = r.events[len(r.events)-1].at
+			}
+		default: // a freeze outlasts the session: the rebalances it causes
 			newGenAfter = r.events[len(r.events)-1].at
 		}
 		r.waitStable("the group to recover from "+op, 2*time.Second+time.Duration(r.rng.IntN(2000))*time.Millisecond, fresh, newGenAfter)

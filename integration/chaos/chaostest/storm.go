@@ -96,7 +96,7 @@ func Storm(t *testing.T, h Harness) {
 		all[i] = fmt.Sprintf("%.0f/%.0f = %.0f%%", storm[i], calm[i], 100*ratios[i])
 	}
 	t.Logf("kill storm (%d kills, one every %s, %d workers, instance IDs given %v): median calm %.0f msgs/s, median storm %.0f msgs/s, median ratio %.0f%% (runs: %s)",
-		sp.kills, sp.every, sp.workers, staticFromEnv(true), median(calm), median(storm), 100*median(ratios), strings.Join(all, ", "))
+		sp.kills, sp.every, sp.workers, staticFromEnv(), median(calm), median(storm), 100*median(ratios), strings.Join(all, ", "))
 }
 
 func median(v []float64) float64 {
@@ -126,7 +126,7 @@ func stormPhase(t *testing.T, h Harness, sp stormPlan, kills int) float64 {
 		messages: sp.messages, backlog: sp.messages, workers: sp.workers, kills: kills,
 		dupRate: 0.05, poisonRate: 0.002, seed: seed, deadline: 15 * time.Minute,
 	}
-	r := newRun(t, pl, h, staticFromEnv(true))
+	r := newRun(t, pl, h, staticFromEnv())
 	rate := r.stormExecute(sp)
 	r.check()
 	return rate

@@ -14,7 +14,7 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-var franzWorker = chaostest.Harness{Worker: "github.com/effectively-once/effectively/integration/chaos/franz/cmd/worker"}
+var franzWorker = chaostest.Harness{Worker: "github.com/effectively-once/effectively/integration/chaos/franz/cmd/worker", StaticMembership: true}
 
 // TestChaos: see chaostest.Run and its environment variables.
 func TestChaos(t *testing.T) { chaostest.Run(t, franzWorker) }
