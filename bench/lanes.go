@@ -18,6 +18,9 @@ const (
 	ShapeHandler Shape = iota // a per-message Handler, one Exec per message
 	ShapeQueue                // a per-message QueueHandler, one round trip per batch
 	ShapeBatch                // a BatchHandler, one unnest statement per batch
+	// ShapeRaw is no engine: the latency benchmark's hand-written consumer
+	// (see KafkaLatency), not one of Shapes.
+	ShapeRaw
 )
 
 // Shapes lists the handler shapes in table order.
@@ -31,6 +34,8 @@ func (s Shape) String() string {
 		return "QueueHandler"
 	case ShapeBatch:
 		return "BatchHandler"
+	case ShapeRaw:
+		return "hand-written"
 	}
 	return fmt.Sprintf("Shape(%d)", int(s))
 }

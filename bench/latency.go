@@ -123,6 +123,11 @@ func KafkaLatency(ctx context.Context, pool *pgxpool.Pool, k *kafkatest.Cluster,
 	defer deleteTopic(context.WithoutCancel(ctx), prod, topic)
 
 	clock := newCommitClock()
+	if s == ShapeRaw {
+		return measureLatency(ctx, pool, prod, clock, s, rate, opts, func(ctx context.Context) error {
+			return rawConsume(ctx, pool, k.Brokers(), topic, clock)
+		}, nil, nil)
+	}
 	assigned := make(chan struct{})
 	var nAssigned atomic.Int64
 	var assignOnce sync.Once
@@ -159,21 +164,36 @@ func KafkaLatency(ctx context.Context, pool *pgxpool.Pool, k *kafkatest.Cluster,
 		return LatencyResult{}, err
 	}
 
+	return measureLatency(ctx, pool, prod, clock, s, rate, opts, c.Run, assigned, func() error {
+		return fmt.Errorf("bench: %d of %d partitions assigned after a minute", nAssigned.Load(), LatencyPartitions)
+	})
+}
+
+// measureLatency runs run (a consumer of the benchmark's topic reporting
+// to clock) until the end of one latency run: once ready is closed (nil:
+// at once), prod sends the messages at rate for opts.Warmup and
+// opts.Duration; the result is the window's, once every message committed
+// or opts.Drain passed. notReady is the error when ready is not closed
+// within a minute.
+func measureLatency(ctx context.Context, pool *pgxpool.Pool, prod *kgo.Client, clock *commitClock, s Shape, rate float64, opts LatencyOptions,
+	run func(context.Context) error, ready <-chan struct{}, notReady func() error) (LatencyResult, error) {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	finished := make(chan struct{})
 	var runErr error
-	go func() { runErr = c.Run(runCtx); close(finished) }()
+	go func() { runErr = run(runCtx); close(finished) }()
 	defer func() { cancel(); <-finished }() // on every return, before the source closes
 	stopped := func() error { return fmt.Errorf("the consumer stopped during the run: %v", runErr) }
-	select {
-	case <-assigned:
-	case <-finished:
-		return LatencyResult{}, stopped()
-	case <-ctx.Done():
-		return LatencyResult{}, ctx.Err()
-	case <-time.After(time.Minute):
-		return LatencyResult{}, fmt.Errorf("bench: %d of %d partitions assigned after a minute", nAssigned.Load(), LatencyPartitions)
+	if ready != nil {
+		select {
+		case <-ready:
+		case <-finished:
+			return LatencyResult{}, stopped()
+		case <-ctx.Done():
+			return LatencyResult{}, ctx.Err()
+		case <-time.After(time.Minute):
+			return LatencyResult{}, notReady()
+		}
 	}
 
 	// Messages first, …, total-1 make the window, which runs from the
@@ -203,6 +223,7 @@ func KafkaLatency(ctx context.Context, pool *pgxpool.Pool, k *kafkatest.Cluster,
 		return scheduled(t) - int(clock.applied.Load()), nil
 	}
 	res := LatencyResult{Shape: s, Rate: rate}
+	var err error
 	if res.LagStart, err = lagAt(w0); err != nil {
 		return LatencyResult{}, err
 	}

@@ -158,6 +158,10 @@ func LatencyTable(ctx context.Context, url string, k *kafkatest.Cluster, opts La
 	if opts.Pipeline {
 		fmt.Fprintf(out, "Pipelined: kafka.Config.Pipeline, %d consumer goroutines.\n", 2*LatencyPartitions)
 	}
+	if slices.Contains(opts.Shapes, ShapeRaw) {
+		fmt.Fprintf(out, "hand-written: no engine, no dedupe claim, no offsets: per partition one goroutine fetching ahead (kafka-go's Client.Fetch) "+
+			"and one committing what arrived, up to %d a transaction (processed-ID markers and ledger rows, one unnest statement each).\n", LatencyBatch)
+	}
 	if len(opts.Rates) > 0 {
 		res, err := points(func(Shape) []float64 { return opts.Rates })
 		if err != nil {

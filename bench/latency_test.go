@@ -13,7 +13,8 @@ import (
 )
 
 // TestKafkaLatency runs the latency benchmark small, so that its command
-// keeps working: each handler shape at a low rate, every message due in
+// keeps working: each handler shape, and the hand-written consumer it is
+// measured against, at a low rate, every message due in
 // the window timed and committed once (the run checks the ledger), then
 // the table the command prints.
 func TestKafkaLatency(t *testing.T) {
@@ -34,7 +35,7 @@ func TestKafkaLatency(t *testing.T) {
 	if err := bench.Setup(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []bench.Shape{bench.ShapeBatch, bench.ShapeQueue} {
+	for _, s := range []bench.Shape{bench.ShapeBatch, bench.ShapeQueue, bench.ShapeRaw} {
 		r, err := bench.KafkaLatency(ctx, pool, k, s, 400, opts)
 		if err != nil {
 			t.Fatalf("%s: %v", s, err)

@@ -42,7 +42,7 @@ func main() {
 	search := flag.Bool("search", false, "find each shape's highest sustained rate and report latency at 1k, 20k, half of it and it")
 	pipeline := flag.Bool("pipeline", false, "kafka.Config.Pipeline, with two consumer goroutines a partition")
 	runs := flag.Int("runs", 1, "runs per reported point; the median of each column is reported")
-	shapes := flag.String("shapes", "batch,queue", "comma-separated handler shapes: batch, queue, handler")
+	shapes := flag.String("shapes", "batch,queue", "comma-separated handler shapes: batch, queue, handler, and raw (a hand-written consumer: fetch ahead, insert, COMMIT; no dedupe, no offsets, no engine)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (producer, broker and consumer share the process) to this file")
 	memProfile := flag.String("memprofile", "", "write an allocation profile of the whole run to this file")
 	flag.Parse()
@@ -90,11 +90,11 @@ func parse(opts *bench.LatencyOptions, rates, shapes string) error {
 		}
 		opts.Rates = append(opts.Rates, r)
 	}
-	names := map[string]bench.Shape{"batch": bench.ShapeBatch, "queue": bench.ShapeQueue, "handler": bench.ShapeHandler}
+	names := map[string]bench.Shape{"batch": bench.ShapeBatch, "queue": bench.ShapeQueue, "handler": bench.ShapeHandler, "raw": bench.ShapeRaw}
 	for _, s := range strings.Split(shapes, ",") {
 		sh, ok := names[strings.ToLower(strings.TrimSpace(s))]
 		if !ok {
-			return fmt.Errorf("-shapes: %q is not one of batch, queue, handler", s)
+			return fmt.Errorf("-shapes: %q is not one of batch, queue, handler, raw", s)
 		}
 		opts.Shapes = append(opts.Shapes, sh)
 	}
