@@ -71,15 +71,29 @@ func rawConsume(ctx context.Context, pool *pgxpool.Pool, brokers []string, topic
 // each response's records to out, until ctx is done.
 func rawFetch(ctx context.Context, cl *kafkago.Client, topic string, p int, out chan<- []rawRecord) error {
 	var offset int64
+	var failingSince time.Time // of the current run of failed fetches
 	for ctx.Err() == nil {
 		res, err := cl.Fetch(ctx, &kafkago.FetchRequest{Topic: topic, Partition: p, Offset: offset,
 			MinBytes: 1, MaxBytes: 1 << 20, MaxWait: kafkatest.MaxWait})
+		if err == nil {
+			err = res.Error
+		}
 		if err != nil {
-			return fmt.Errorf("bench: raw fetch %s/%d at %d: %w", topic, p, offset, err)
+			// Retried, as any consumer does: a topic just created is
+			// not known to every broker's metadata at once.
+			if failingSince.IsZero() {
+				failingSince = time.Now()
+			}
+			if time.Since(failingSince) > 30*time.Second {
+				return fmt.Errorf("bench: raw fetch %s/%d at %d, failing for 30s: %w", topic, p, offset, err)
+			}
+			select {
+			case <-time.After(50 * time.Millisecond):
+			case <-ctx.Done():
+			}
+			continue
 		}
-		if res.Error != nil {
-			return fmt.Errorf("bench: raw fetch %s/%d at %d: %w", topic, p, offset, res.Error)
-		}
+		failingSince = time.Time{}
 		var recs []rawRecord
 		for res.Records != nil {
 			r, err := res.Records.ReadRecord()
