@@ -124,9 +124,10 @@ func KafkaLatency(ctx context.Context, pool *pgxpool.Pool, k *kafkatest.Cluster,
 
 	clock := newCommitClock()
 	if s == ShapeRaw {
+		ready := make(chan struct{})
 		return measureLatency(ctx, pool, prod, clock, s, rate, opts, func(ctx context.Context) error {
-			return rawConsume(ctx, pool, k.Brokers(), topic, clock)
-		}, nil, nil)
+			return rawConsume(ctx, pool, k.Brokers(), topic, clock, ready)
+		}, ready, func() error { return fmt.Errorf("bench: the hand-written consumer could not fetch every partition within a minute") })
 	}
 	assigned := make(chan struct{})
 	var nAssigned atomic.Int64
@@ -170,8 +171,8 @@ func KafkaLatency(ctx context.Context, pool *pgxpool.Pool, k *kafkatest.Cluster,
 }
 
 // measureLatency runs run (a consumer of the benchmark's topic reporting
-// to clock) until the end of one latency run: once ready is closed (nil:
-// at once), prod sends the messages at rate for opts.Warmup and
+// to clock) until the end of one latency run: once ready is closed (the
+// consumer fetches every partition), prod sends the messages at rate for opts.Warmup and
 // opts.Duration; the result is the window's, once every message committed
 // or opts.Drain passed. notReady is the error when ready is not closed
 // within a minute.
@@ -184,16 +185,14 @@ func measureLatency(ctx context.Context, pool *pgxpool.Pool, prod *kgo.Client, c
 	go func() { runErr = run(runCtx); close(finished) }()
 	defer func() { cancel(); <-finished }() // on every return, before the source closes
 	stopped := func() error { return fmt.Errorf("the consumer stopped during the run: %v", runErr) }
-	if ready != nil {
-		select {
-		case <-ready:
-		case <-finished:
-			return LatencyResult{}, stopped()
-		case <-ctx.Done():
-			return LatencyResult{}, ctx.Err()
-		case <-time.After(time.Minute):
-			return LatencyResult{}, notReady()
-		}
+	select {
+	case <-ready:
+	case <-finished:
+		return LatencyResult{}, stopped()
+	case <-ctx.Done():
+		return LatencyResult{}, ctx.Err()
+	case <-time.After(time.Minute):
+		return LatencyResult{}, notReady()
 	}
 
 	// Messages first, …, total-1 make the window, which runs from the

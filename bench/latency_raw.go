@@ -34,10 +34,15 @@ type rawRecord struct {
 // nothing, stores no offsets and runs no hooks: a floor under any consumer
 // that keeps the promise, on the same fetches, the same database and the
 // same machine. Each committed batch is reported to clock as the engine's
-// hooks report theirs. It returns when ctx is done.
-func rawConsume(ctx context.Context, pool *pgxpool.Pool, brokers []string, topic string, clock *commitClock) error {
+// hooks report theirs. ready is closed once every partition was fetched
+// from (as the engine's run waits for its partitions to be assigned). It
+// returns when ctx is done.
+func rawConsume(ctx context.Context, pool *pgxpool.Pool, brokers []string, topic string, clock *commitClock, ready chan<- struct{}) error {
 	cl := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: kafkatest.MaxWait + 10*time.Second}
 	var batchSeq atomic.Uint64
+	var fetching sync.WaitGroup
+	fetching.Add(LatencyPartitions)
+	go func() { fetching.Wait(); close(ready) }()
 	errc := make(chan error, 2*LatencyPartitions)
 	var wg sync.WaitGroup
 	for p := range LatencyPartitions {
@@ -47,7 +52,7 @@ func rawConsume(ctx context.Context, pool *pgxpool.Pool, brokers []string, topic
 		go func() {
 			defer wg.Done()
 			defer close(fetched)
-			if err := rawFetch(ctx, cl, topic, p, fetched); err != nil && ctx.Err() == nil {
+			if err := rawFetch(ctx, cl, topic, p, fetched, fetching.Done); err != nil && ctx.Err() == nil {
 				errc <- err
 			}
 		}()
@@ -68,8 +73,10 @@ func rawConsume(ctx context.Context, pool *pgxpool.Pool, brokers []string, topic
 }
 
 // rawFetch fetches partition p of topic from offset 0 onwards and sends
-// each response's records to out, until ctx is done.
-func rawFetch(ctx context.Context, cl *kafkago.Client, topic string, p int, out chan<- []rawRecord) error {
+// each response's records to out, until ctx is done; it calls fetched
+// after its first fetch that succeeded.
+func rawFetch(ctx context.Context, cl *kafkago.Client, topic string, p int, out chan<- []rawRecord, fetched func()) error {
+	var once sync.Once
 	var offset int64
 	var failingSince time.Time // of the current run of failed fetches
 	for ctx.Err() == nil {
@@ -94,6 +101,7 @@ func rawFetch(ctx context.Context, cl *kafkago.Client, topic string, p int, out 
 			continue
 		}
 		failingSince = time.Time{}
+		once.Do(fetched)
 		var recs []rawRecord
 		for res.Records != nil {
 			r, err := res.Records.ReadRecord()
