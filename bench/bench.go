@@ -151,19 +151,25 @@ func raw(ctx context.Context, pool *pgxpool.Pool, from, end, batch int) error {
 			amounts = append(amounts, amount)
 		}
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `INSERT INTO effectively.processed (scope, id, fingerprint)
-SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[]) ON CONFLICT DO NOTHING`, scopes, ids, fps); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, `INSERT INTO ledger (msg_id, account, amount)
-SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`, ids, accounts, amounts)
-			return err
+			return rawRows(ctx, tx, scopes, ids, fps, accounts, amounts)
 		})
 		if err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// rawRows writes one batch as Raw does: the markers of a processed-ID
+// table and the ledger rows, one unnest statement each.
+func rawRows(ctx context.Context, tx pgx.Tx, scopes, ids []string, fps [][]byte, accounts []string, amounts []int64) error {
+	if _, err := tx.Exec(ctx, `INSERT INTO effectively.processed (scope, id, fingerprint)
+SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[]) ON CONFLICT DO NOTHING`, scopes, ids, fps); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO ledger (msg_id, account, amount)
+SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`, ids, accounts, amounts)
+	return err
 }
 
 type transfer struct {

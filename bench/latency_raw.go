@@ -179,12 +179,7 @@ func rawWrite(ctx context.Context, pool *pgxpool.Pool, lane string, in <-chan []
 		}
 		var handled time.Time
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `INSERT INTO effectively.processed (scope, id, fingerprint)
-SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[]) ON CONFLICT DO NOTHING`, scopes, ids, fps); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, `INSERT INTO ledger (msg_id, account, amount)
-SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`, ids, accounts, amounts)
+			err := rawRows(ctx, tx, scopes, ids, fps, accounts, amounts)
 			handled = time.Now()
 			return err
 		})
