@@ -172,10 +172,10 @@ func KafkaLatency(ctx context.Context, pool *pgxpool.Pool, k *kafkatest.Cluster,
 
 // measureLatency runs run (a consumer of the benchmark's topic reporting
 // to clock) until the end of one latency run: once ready is closed (the
-// consumer fetches every partition), prod sends the messages at rate for opts.Warmup and
-// opts.Duration; the result is the window's, once every message committed
-// or opts.Drain passed. notReady is the error when ready is not closed
-// within a minute.
+// consumer fetches every partition), prod sends the messages at rate for
+// opts.Warmup and opts.Duration; the result is the window's, once every
+// message committed or opts.Drain passed. notReady is the error when
+// ready is not closed within a minute.
 func measureLatency(ctx context.Context, pool *pgxpool.Pool, prod *kgo.Client, clock *commitClock, s Shape, rate float64, opts LatencyOptions,
 	run func(context.Context) error, ready <-chan struct{}, notReady func() error) (LatencyResult, error) {
 	runCtx, cancel := context.WithCancel(ctx)
