@@ -13,8 +13,8 @@ const genQuiet = 3 * time.Second
 // waitStable waits at least minGap, then until the group settled: every
 // partition that was consumed before moved within the last 1.5s, a
 // generation newer than newGenAfter (for membership changes that cause a
-// rebalance; zero for none) and then none for genQuiet, and each of fresh (partitions just added)
-// consumed from. It gives up after 2×stallBound (topologyBound with
+// rebalance; zero for none) and then none for genQuiet, and each of fresh
+// (partitions just added) consumed from. It gives up after 2×stallBound (topologyBound with
 // fresh), and the checks report the rest. Waiting for the new partitions
 // keeps a later kill's rebalance from picking them up in the group's
 // stead.
