@@ -242,47 +242,131 @@ func (s *Strategy) plan(keys []dedupe.Key, uniq []int, now, target time.Time) (*
 	probe := func(k dedupe.Key, t time.Time) {
 		p.scope, p.id, p.slice = append(p.scope, k.Scope), append(p.id, k.ID), append(p.slice, t)
 	}
-	for _, i := range uniq {
+	// What each (key, slice) pair needs, key by key and slice by slice:
+	// the filter tests are then run together (see testAll), and the
+	// probes are sent in this order.
+	w := len(window)
+	acts := make([]pairAct, len(uniq)*w)
+	var tests []filterTest
+	for u, i := range uniq {
 		k := keys[i]
-		var locs []uint64
 		for j, sf := range window {
-			t := from.Add(time.Duration(j) * s.cfg.Slice)
-			isTarget := j == len(window)-1
+			a := &acts[u*w+j]
 			if s.cfg.DisableFilter || sf == nil || !sf.sealed {
-				if isTarget {
+				if j == w-1 {
 					// The insert finds the current slice's markers by its
 					// unique index; an open filter's positive saves the
 					// read of a conflict.
 					if f := filterOf(sf, k.Scope, s.cfg.DisableFilter); f != nil {
-						if locs == nil {
-							locs = bloom.Locations([]byte(k.ID), s.k)
-						}
-						if f.TestLocations(locs) {
-							probe(k, t)
-						}
+						*a = actTestOpen
+						tests = append(tests, filterTest{pair: int32(u*w + j), key: int32(u), f: f})
 					}
 					continue
 				}
-				probe(k, t)
+				*a = actProbe
 				continue
 			}
-			f := sf.byScope[k.Scope]
-			if f != nil {
-				if locs == nil {
-					locs = bloom.Locations([]byte(k.ID), s.k)
-				}
+			if f := sf.byScope[k.Scope]; f != nil {
+				*a = actTestSealed
+				tests = append(tests, filterTest{pair: int32(u*w + j), key: int32(u), f: f})
+			}
+		}
+	}
+	for _, t := range s.testAll(keys, uniq, tests) {
+		acts[t.pair] |= actHit
+	}
+	for u, i := range uniq {
+		k := keys[i]
+		for j := range window {
+			t := from.Add(time.Duration(j) * s.cfg.Slice)
+			switch acts[u*w+j] {
+			case actProbe, actTestOpen | actHit:
+				probe(k, t)
+			case actTestSealed | actHit:
 				p.st.tests++
-				if f.TestLocations(locs) {
-					p.st.positives++
-					p.positive[pairKey{k.Scope, k.ID, t.Unix()}] = true
-					probe(k, t)
-					continue
-				}
+				p.st.positives++
+				p.positive[pairKey{k.Scope, k.ID, t.Unix()}] = true
+				probe(k, t)
+			case actTestSealed:
+				p.st.tests++
 				p.st.saved++
 			}
 		}
 	}
 	return p, nil
+}
+
+// pairAct is what a claim plan does for one (key, slice) pair.
+type pairAct uint8
+
+const (
+	actNone       pairAct = iota // no filter can hold the key: nothing
+	actProbe                     // no filter to ask: probe
+	actTestOpen                  // ask the current slice's open filter
+	actTestSealed                // ask the slice's sealed filter
+	actHit        pairAct = 8    // or'ed in: the filter answered maybe
+)
+
+// filterTest is one test of a key against a filter.
+type filterTest struct {
+	pair, key int32 // index in the plan's pairs, in uniq
+	f         *bloom.BloomFilter
+}
+
+// testAll runs tests (each key against its filters) and returns those the
+// filters answered with "maybe": the same answers as TestLocations, but
+// breadth-first, one hash location of every pending test after another.
+// The filters of a large window do not fit in the CPU's caches, so nearly
+// every bit read is a miss to memory; asked one after the other, a key's
+// tests each wait for their misses in turn (a negative reads about two
+// bits, a positive all k), while the reads of one round are independent
+// of each other and overlap.
+func (s *Strategy) testAll(keys []dedupe.Key, uniq []int, tests []filterTest) []filterTest {
+	if len(tests) == 0 {
+		return nil
+	}
+	k := int(s.k)
+	locs := make([]uint64, len(uniq)*k)
+	hashed := make([]bool, len(uniq))
+	type pending struct {
+		words []uint64
+		m     uint64
+		loc   []uint64
+	}
+	run := make([]pending, len(tests))
+	alive := make([]int32, 0, len(tests))
+	var hits []filterTest
+	for n, t := range tests {
+		if !hashed[t.key] {
+			hashed[t.key] = true
+			copy(locs[int(t.key)*k:], bloom.Locations([]byte(keys[uniq[t.key]].ID), s.k))
+		}
+		loc := locs[int(t.key)*k : int(t.key+1)*k]
+		words, m := t.f.BitSet().Words(), uint64(t.f.Cap())
+		if t.f.K() != s.k || uint64(len(words))*64 < m || uint64(t.f.BitSet().Len()) < m {
+			// Not a filter of this strategy's shape: ask it directly.
+			if t.f.TestLocations(loc) {
+				hits = append(hits, t)
+			}
+			continue
+		}
+		run[n] = pending{words: words, m: m, loc: loc}
+		alive = append(alive, int32(n))
+	}
+	for i := 0; i < k && len(alive) > 0; i++ {
+		next := 0
+		for _, n := range alive {
+			r := &run[n]
+			pos := r.loc[i] % r.m
+			alive[next] = n
+			next += int(r.words[pos>>6] >> (pos & 63) & 1)
+		}
+		alive = alive[:next]
+	}
+	for _, n := range alive {
+		hits = append(hits, tests[n])
+	}
+	return hits
 }
 
 // claimResult is what one execution of claimSQL reported.
@@ -467,7 +551,11 @@ func (s *Strategy) Committed(keys []dedupe.Key, verdicts []dedupe.Verdict) {
 		u := scopeID{k.Scope, k.ID}
 		if t, ok := s.written.slice[u]; ok {
 			delete(s.written.slice, u)
-			bySlice[t] = append(bySlice[t], k)
+			ks := bySlice[t]
+			if ks == nil {
+				ks = make([]dedupe.Key, 0, len(keys)-i)
+			}
+			bySlice[t] = append(ks, k)
 		}
 	}
 	s.written.mu.Unlock()
