@@ -41,25 +41,26 @@ func TestTestAllAnswersAsTestLocations(t *testing.T) {
 	}
 	var tests []filterTest
 	for u := range uniq {
-		for fi, f := range filters {
+		for fi := range filters {
 			if (u+fi)%4 != 0 { // not every key against every filter
-				tests = append(tests, filterTest{pair: int32(u*len(filters) + fi), key: int32(u), f: f})
+				tests = append(tests, filterTest{pair: int32(u*len(filters) + fi), key: int32(u), filter: int32(fi)})
 			}
 		}
 	}
 	got := map[int32]bool{}
-	for _, h := range s.testAll(keys, uniq, tests) {
-		if got[h.pair] {
-			t.Fatalf("pair %d answered twice", h.pair)
+	for _, pair := range s.testAll(keys, uniq, filters, tests) {
+		if got[pair] {
+			t.Fatalf("pair %d answered twice", pair)
 		}
-		got[h.pair] = true
+		got[pair] = true
 	}
 	hits, misses := 0, 0
 	for _, tt := range tests {
-		want := tt.f.TestLocations(bloom.Locations([]byte(keys[uniq[tt.key]].ID), s.k))
+		f := filters[tt.filter]
+		want := f.TestLocations(bloom.Locations([]byte(keys[uniq[tt.key]].ID), s.k))
 		if got[tt.pair] != want {
 			t.Fatalf("key %s against filter of %d bits: testAll says %v, TestLocations %v",
-				keys[uniq[tt.key]].ID, tt.f.Cap(), got[tt.pair], want)
+				keys[uniq[tt.key]].ID, f.Cap(), got[tt.pair], want)
 		}
 		if want {
 			hits++
