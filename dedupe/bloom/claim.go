@@ -242,47 +242,158 @@ func (s *Strategy) plan(keys []dedupe.Key, uniq []int, now, target time.Time) (*
 	probe := func(k dedupe.Key, t time.Time) {
 		p.scope, p.id, p.slice = append(p.scope, k.Scope), append(p.id, k.ID), append(p.slice, t)
 	}
-	for _, i := range uniq {
-		k := keys[i]
-		var locs []uint64
+	// What each (key, slice) pair needs, key by key and slice by slice:
+	// the filter tests are then run together (see testAll), and the
+	// probes are sent in this order.
+	w := len(window)
+	// A scope's filters, and what each slice needs, are the same for all
+	// its keys: worked out once per scope.
+	type scopeRow struct {
+		acts []pairAct
+		fi   []int32 // index in fl of the filter to ask
+	}
+	rows := map[string]*scopeRow{}
+	var fl []*bloom.BloomFilter
+	rowOf := func(scope string) *scopeRow {
+		if r := rows[scope]; r != nil {
+			return r
+		}
+		r := &scopeRow{acts: make([]pairAct, w), fi: make([]int32, w)}
 		for j, sf := range window {
-			t := from.Add(time.Duration(j) * s.cfg.Slice)
-			isTarget := j == len(window)-1
+			var f *bloom.BloomFilter
 			if s.cfg.DisableFilter || sf == nil || !sf.sealed {
-				if isTarget {
-					// The insert finds the current slice's markers by its
-					// unique index; an open filter's positive saves the
-					// read of a conflict.
-					if f := filterOf(sf, k.Scope, s.cfg.DisableFilter); f != nil {
-						if locs == nil {
-							locs = bloom.Locations([]byte(k.ID), s.k)
-						}
-						if f.TestLocations(locs) {
-							probe(k, t)
-						}
-					}
+				if j < w-1 {
+					r.acts[j] = actProbe
 					continue
 				}
-				probe(k, t)
-				continue
+				// The insert finds the current slice's markers by its
+				// unique index; an open filter's positive saves the read
+				// of a conflict.
+				if f = filterOf(sf, scope, s.cfg.DisableFilter); f != nil {
+					r.acts[j] = actTestOpen
+				}
+			} else if f = sf.byScope[scope]; f != nil {
+				r.acts[j] = actTestSealed
 			}
-			f := sf.byScope[k.Scope]
 			if f != nil {
-				if locs == nil {
-					locs = bloom.Locations([]byte(k.ID), s.k)
-				}
+				r.fi[j] = int32(len(fl))
+				fl = append(fl, f)
+			}
+		}
+		rows[scope] = r
+		return r
+	}
+	acts := make([]pairAct, len(uniq)*w)
+	tests := make([]filterTest, 0, len(uniq)*w)
+	for u, i := range uniq {
+		r := rowOf(keys[i].Scope)
+		copy(acts[u*w:], r.acts)
+		for j, a := range r.acts {
+			if a == actTestOpen || a == actTestSealed {
+				tests = append(tests, filterTest{pair: int32(u*w + j), key: int32(u), filter: r.fi[j]})
+			}
+		}
+	}
+	for _, pair := range s.testAll(keys, uniq, fl, tests) {
+		acts[pair] |= actHit
+	}
+	starts := make([]time.Time, w)
+	for j := range starts {
+		starts[j] = from.Add(time.Duration(j) * s.cfg.Slice)
+	}
+	for u, i := range uniq {
+		k := keys[i]
+		for j, t := range starts {
+			switch acts[u*w+j] {
+			case actProbe, actTestOpen | actHit:
+				probe(k, t)
+			case actTestSealed | actHit:
 				p.st.tests++
-				if f.TestLocations(locs) {
-					p.st.positives++
-					p.positive[pairKey{k.Scope, k.ID, t.Unix()}] = true
-					probe(k, t)
-					continue
-				}
+				p.st.positives++
+				p.positive[pairKey{k.Scope, k.ID, t.Unix()}] = true
+				probe(k, t)
+			case actTestSealed:
+				p.st.tests++
 				p.st.saved++
 			}
 		}
 	}
 	return p, nil
+}
+
+// pairAct is what a claim plan does for one (key, slice) pair.
+type pairAct uint8
+
+const (
+	actNone       pairAct = iota // no filter can hold the key: nothing
+	actProbe                     // no filter to ask: probe
+	actTestOpen                  // ask the current slice's open filter
+	actTestSealed                // ask the slice's sealed filter
+	actHit        pairAct = 8    // or'ed in: the filter answered maybe
+)
+
+// filterTest is one test of a key against a filter.
+type filterTest struct {
+	pair, key, filter int32 // index in the plan's pairs, in uniq, in the filters
+}
+
+// testAll runs tests (keys against filters) and returns the pairs of those
+// the filters answered with "maybe": the same answers as TestLocations,
+// but breadth-first, one hash location of every pending test after
+// another. The filters of a large window do not fit in the CPU's caches,
+// so nearly every bit read is a miss to memory; asked one after the other,
+// a key's tests each wait for their misses in turn (a negative reads about
+// two bits, a positive all k), while the reads of one round are
+// independent of each other and overlap.
+func (s *Strategy) testAll(keys []dedupe.Key, uniq []int, filters []*bloom.BloomFilter, tests []filterTest) []int32 {
+	if len(tests) == 0 {
+		return nil
+	}
+	k := int(s.k)
+	type bits struct {
+		words  []uint64
+		m      uint64
+		direct bool // not of this strategy's shape: asked through TestLocations
+	}
+	fb := make([]bits, len(filters))
+	for n, f := range filters {
+		words, m := f.BitSet().Words(), uint64(f.Cap())
+		fb[n] = bits{words: words, m: m,
+			direct: f.K() != s.k || uint64(len(words))*64 < m || uint64(f.BitSet().Len()) < m}
+	}
+	locs := make([]uint64, len(uniq)*k)
+	hashed := make([]bool, len(uniq))
+	alive := make([]int32, 0, len(tests))
+	var hits []int32
+	for n, t := range tests {
+		loc := locs[int(t.key)*k : int(t.key+1)*k]
+		if !hashed[t.key] {
+			hashed[t.key] = true
+			copy(loc, bloom.Locations([]byte(keys[uniq[t.key]].ID), s.k))
+		}
+		if fb[t.filter].direct {
+			if filters[t.filter].TestLocations(loc) {
+				hits = append(hits, t.pair)
+			}
+			continue
+		}
+		alive = append(alive, int32(n))
+	}
+	for i := 0; i < k && len(alive) > 0; i++ {
+		next := 0
+		for _, n := range alive {
+			t := &tests[n]
+			b := &fb[t.filter]
+			pos := locs[int(t.key)*k+i] % b.m
+			alive[next] = n
+			next += int(b.words[pos>>6] >> (pos & 63) & 1)
+		}
+		alive = alive[:next]
+	}
+	for _, n := range alive {
+		hits = append(hits, tests[n].pair)
+	}
+	return hits
 }
 
 // claimResult is what one execution of claimSQL reported.
@@ -467,7 +578,11 @@ func (s *Strategy) Committed(keys []dedupe.Key, verdicts []dedupe.Verdict) {
 		u := scopeID{k.Scope, k.ID}
 		if t, ok := s.written.slice[u]; ok {
 			delete(s.written.slice, u)
-			bySlice[t] = append(bySlice[t], k)
+			ks := bySlice[t]
+			if ks == nil {
+				ks = make([]dedupe.Key, 0, len(keys)-i)
+			}
+			bySlice[t] = append(ks, k)
 		}
 	}
 	s.written.mu.Unlock()

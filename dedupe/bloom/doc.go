@@ -57,10 +57,10 @@
 // the fallback that keeps Claim correct before Warm completes.
 //
 // With Retention/Slice live slices, a new key is tested against that many
-// filters, so about (Retention/Slice) × FalsePositiveRate of new keys need
-// one probe (7% with the defaults' 168 slices and 1%, instead of 168 probes
-// each); choose longer slices to probe less, shorter ones to expire more
-// finely.
+// filters, so a new key needs about (Retention/Slice) × FalsePositiveRate
+// probes (0.84 with the defaults' 168 slices and 0.5%, 0.035 with 7 daily
+// slices, instead of one probe per live slice); choose longer slices to
+// probe less, shorter ones to expire more finely.
 //
 // # Claiming a batch
 //
