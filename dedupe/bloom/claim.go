@@ -1,6 +1,7 @@
 package bloom
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -53,7 +54,10 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 		}
 	}
 
-	// Distinct keys, first occurrence first.
+	// Distinct keys (their first occurrences), sorted so that concurrent
+	// claims of overlapping batches insert their markers in one order: a
+	// claim waiting for a key another holds then holds none that the
+	// other waits for, and the two cannot deadlock.
 	first := make(map[scopeID]int, len(keys))
 	uniq := make([]int, 0, len(keys))
 	for i, k := range keys {
@@ -64,6 +68,9 @@ func (s *Strategy) Claim(ctx context.Context, tx pgx.Tx, keys []dedupe.Key) ([]d
 		first[u] = i
 		uniq = append(uniq, i)
 	}
+	slices.SortFunc(uniq, func(a, b int) int {
+		return cmp.Or(cmp.Compare(keys[a].Scope, keys[b].Scope), cmp.Compare(keys[a].ID, keys[b].ID))
+	})
 	in := insertArgs{
 		scope: make([]string, len(uniq)),
 		id:    make([]string, len(uniq)),

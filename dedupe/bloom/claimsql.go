@@ -76,7 +76,7 @@ func (s *Strategy) buildSQL() {
 	//
 	// It then probes the (key, slice) pairs the filters could not rule out
 	// ($1..$3), inserts the keys it did not find into the target slice
-	// ($4..$6) with ON CONFLICT DO NOTHING, and reads the marker of every
+	// ($4..$6, sorted: in that order) with ON CONFLICT DO NOTHING, and reads the marker of every
 	// key that conflicted there with a marker committed before the
 	// statement started: its snapshot sees neither its own inserts nor
 	// markers committed by a concurrent claim it waited for, which it
@@ -111,8 +111,9 @@ func (s *Strategy) buildSQL() {
 ), ins AS (
     INSERT INTO ` + targetPartition + ` (scope, id, slice, fingerprint, claim_version)
     SELECT k.scope, k.id, $7::timestamptz, k.fingerprint, ` + claimVersion + `
-    FROM ok, unnest($4::text[], $5::text[], $6::bytea[]) AS k(scope, id, fingerprint)
+    FROM ok, unnest($4::text[], $5::text[], $6::bytea[]) WITH ORDINALITY AS k(scope, id, fingerprint, ord)
     WHERE ok.run AND (k.scope, k.id) NOT IN (SELECT scope, id FROM probe)
+    ORDER BY k.ord
     ON CONFLICT DO NOTHING
     RETURNING scope, id
 ), counted AS MATERIALIZED (

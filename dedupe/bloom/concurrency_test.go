@@ -3,6 +3,7 @@ package bloom_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -204,5 +205,56 @@ func TestSealWaitsForOpenClaims(t *testing.T) {
 	}
 	if st := b.Stats(); st.ConfirmedPositives != 1 {
 		t.Fatalf("the sealed filter did not hold the key: %+v", st)
+	}
+}
+
+// TestOppositeOrderBatchesDoNotDeadlock: two large batches of the same keys
+// in opposite orders, claimed at once, both succeed and claim each key new
+// once: the markers are inserted in one global order, so neither claim can
+// hold a key the other waits for while it waits for one the other holds.
+func TestOppositeOrderBatchesDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	s, pool := setup(t, bloom.Config{})
+	ctx := context.Background()
+	for round := range 5 {
+		up := keyRange(fmt.Sprintf("round-%d", round), 0, 2000)
+		down := slices.Clone(up)
+		slices.Reverse(down)
+		var wg sync.WaitGroup
+		results := make([][]dedupe.Verdict, 2)
+		errs := make([]error, 2)
+		start := make(chan struct{})
+		for i, ks := range [][]dedupe.Key{up, down} {
+			wg.Go(func() {
+				tx, err := pool.Begin(ctx)
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				defer func() { _ = tx.Rollback(ctx) }()
+				<-start
+				if results[i], errs[i] = s.Claim(ctx, tx, ks); errs[i] == nil {
+					errs[i] = tx.Commit(ctx)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: claimer %d: %v", round, i, err)
+			}
+		}
+		news := 0
+		for _, vs := range results {
+			for _, v := range vs {
+				if v == dedupe.VerdictNew {
+					news++
+				}
+			}
+		}
+		if news != len(up) {
+			t.Errorf("round %d: %d keys new in all, want %d", round, news, len(up))
+		}
 	}
 }
