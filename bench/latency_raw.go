@@ -35,8 +35,8 @@ type rawRecord struct {
 // that keeps the promise, on the same fetches, the same database and the
 // same machine. Each committed batch is reported to clock as the engine's
 // hooks report theirs. ready is closed once every partition was fetched
-// from (as the engine's run waits for its partitions to be assigned). It
-// returns when ctx is done.
+// from, or its fetcher gave up (as the engine's run waits for its
+// partitions to be assigned). It returns when ctx is done.
 func rawConsume(ctx context.Context, pool *pgxpool.Pool, brokers []string, topic string, clock *commitClock, ready chan<- struct{}) error {
 	cl := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: kafkatest.MaxWait + 10*time.Second}
 	var batchSeq atomic.Uint64
@@ -49,10 +49,13 @@ func rawConsume(ctx context.Context, pool *pgxpool.Pool, brokers []string, topic
 		fetched := make(chan []rawRecord, 64)
 		lane := topic + "/" + strconv.Itoa(p)
 		wg.Add(2)
+		var once sync.Once
+		first := func() { once.Do(fetching.Done) }
 		go func() {
 			defer wg.Done()
 			defer close(fetched)
-			if err := rawFetch(ctx, cl, topic, p, fetched, fetching.Done); err != nil && ctx.Err() == nil {
+			defer first() // a fetcher that gave up does not hold ready up
+			if err := rawFetch(ctx, cl, topic, p, fetched, first); err != nil && ctx.Err() == nil {
 				errc <- err
 			}
 		}()
@@ -74,9 +77,8 @@ func rawConsume(ctx context.Context, pool *pgxpool.Pool, brokers []string, topic
 
 // rawFetch fetches partition p of topic from offset 0 onwards and sends
 // each response's records to out, until ctx is done; it calls fetched
-// after its first fetch that succeeded.
+// after each fetch that succeeded.
 func rawFetch(ctx context.Context, cl *kafkago.Client, topic string, p int, out chan<- []rawRecord, fetched func()) error {
-	var once sync.Once
 	var offset int64
 	var failingSince time.Time // of the current run of failed fetches
 	for ctx.Err() == nil {
@@ -101,7 +103,7 @@ func rawFetch(ctx context.Context, cl *kafkago.Client, topic string, p int, out 
 			continue
 		}
 		failingSince = time.Time{}
-		once.Do(fetched)
+		fetched()
 		var recs []rawRecord
 		for res.Records != nil {
 			r, err := res.Records.ReadRecord()
