@@ -127,7 +127,9 @@ func KafkaLatency(ctx context.Context, pool *pgxpool.Pool, k *kafkatest.Cluster,
 		ready := make(chan struct{})
 		return measureLatency(ctx, pool, prod, clock, s, rate, opts, func(ctx context.Context) error {
 			return rawConsume(ctx, pool, k.Brokers(), topic, clock, ready)
-		}, ready, func() error { return fmt.Errorf("bench: the hand-written consumer could not fetch every partition within a minute") })
+		}, ready, func() error {
+			return fmt.Errorf("bench: the hand-written consumer could not fetch every partition within a minute")
+		})
 	}
 	assigned := make(chan struct{})
 	var nAssigned atomic.Int64
