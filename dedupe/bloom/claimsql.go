@@ -76,8 +76,8 @@ func (s *Strategy) buildSQL() {
 	//
 	// It then probes the (key, slice) pairs the filters could not rule out
 	// ($1..$3), inserts the keys it did not find into the target slice
-	// ($4..$6, sorted: in that order) with ON CONFLICT DO NOTHING, and reads the marker of every
-	// key that conflicted there with a marker committed before the
+	// ($4..$6, sorted, in that order) with ON CONFLICT DO NOTHING, and
+	// reads the marker of every key that conflicted there with a marker committed before the
 	// statement started: its snapshot sees neither its own inserts nor
 	// markers committed by a concurrent claim it waited for, which it
 	// reports as unseen for the caller to read with readHeldSQL. Inserted
