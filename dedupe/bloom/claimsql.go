@@ -77,10 +77,11 @@ func (s *Strategy) buildSQL() {
 	// It then probes the (key, slice) pairs the filters could not rule out
 	// ($1..$3), inserts the keys it did not find into the target slice
 	// ($4..$6, sorted, in that order) with ON CONFLICT DO NOTHING, and
-	// reads the marker of every key that conflicted there with a marker committed before the
-	// statement started: its snapshot sees neither its own inserts nor
-	// markers committed by a concurrent claim it waited for, which it
-	// reports as unseen for the caller to read with readHeldSQL. Inserted
+	// reads the marker of every key that conflicted there with a marker
+	// committed before the statement started: its snapshot sees neither
+	// its own inserts nor markers committed by a concurrent claim it
+	// waited for, which it reports as unseen for the caller to read with
+	// readHeldSQL. Inserted
 	// keys are only counted: they are the keys it reports nothing about,
 	// so the common claim, all keys new, returns a single row.
 	s.claimSQL = `WITH c AS MATERIALIZED (
